@@ -1,0 +1,674 @@
+//! The v1 wire encoding: postcard structures over borrowed byte slices.
+//!
+//! Decoding happens in two steps. First postcard parses the structure into wire types that only
+//! *borrow* the input ([`WireHeader`], [`WireLayer`]): no field can make the decoder allocate,
+//! because every variable-length field is a slice whose length postcard checks against the bytes
+//! actually present. Then each wire value is validated and converted into its owned domain type,
+//! allocating only lengths that are already checked against [`crate::limits`] and the local
+//! [`ModelSpec`]. The same decoders back [`seal`], so a node cannot send what its peers reject.
+//!
+//! Layout of a signed header: `postcard(WireHeader) ‖ postcard(WireSeal)`; the signature covers
+//! `SIGNING_DOMAIN ‖ postcard(WireHeader)` exactly as received, so no re-encoding is needed to
+//! verify. A body is `varint(layer count) ‖ postcard(WireLayer)*`, byte-identical to postcard's
+//! encoding of a `Vec<WireLayer>`.
+
+use std::borrow::Cow;
+
+use half::{bf16, f16};
+use libp2p_identity::{PeerId, PublicKey, ed25519};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{DecodeError, Part, SealError};
+use crate::header::{Embedding, PacketHeader, PacketId, SimHash, VerifiedHeader};
+use crate::limits::{
+    FORMAT_VERSION, MAX_BODY_BYTES, MAX_HEADER_BYTES, MAX_LAYER_ELEMS, MAX_LAYERS,
+    MAX_PEER_ID_BYTES, MAX_SKETCH_LEN,
+};
+use crate::payload::{CompressionSummary, DenseValues, LayerPayload, PacketBody, SignBits, TopK};
+use crate::spec::{DType, LayerSpec, ModelId, ModelSpec};
+use crate::varint;
+
+/// Prefix of every signed message, so a packet signature can never be replayed as a signature of
+/// another libp2p structure made with the same identity key.
+const SIGNING_DOMAIN: &[u8] = b"kindred/packet-header/v1\0";
+
+const ED25519_PUBLIC_KEY_LEN: usize = 32;
+const ED25519_SIGNATURE_LEN: usize = 64;
+
+#[derive(Serialize, Deserialize)]
+struct WireHeader<'a> {
+    version: u16,
+    model: [u8; 32],
+    round: u64,
+    sender: &'a [u8],
+    unix_ms: u64,
+    samples: u64,
+    loss: f32,
+    simhash: [u8; 32],
+    sketch: &'a [u8],
+    sketch_scale: f32,
+    body_len: u32,
+    body_hash: [u8; 32],
+    dense_layers: u16,
+    topk_layers: u16,
+    sign_layers: u16,
+    params: u64,
+    carried: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+struct WireSeal<'a> {
+    public_key: &'a [u8],
+    signature: &'a [u8],
+}
+
+#[derive(Serialize, Deserialize)]
+enum WireDtype {
+    F32,
+    F16,
+    BF16,
+}
+
+#[derive(Serialize, Deserialize)]
+enum WireLayer<'a> {
+    Dense {
+        dtype: WireDtype,
+        bytes: &'a [u8],
+    },
+    TopK {
+        len: u32,
+        count: u32,
+        index_deltas: &'a [u8],
+        values: &'a [u8],
+        scale: f32,
+    },
+    Sign {
+        len: u32,
+        words: &'a [u8],
+        scale: f32,
+    },
+}
+
+/// Header fields the caller chooses when sealing a packet; the rest (model, sender, body length,
+/// hash and compression summary) are derived.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HeaderFields {
+    /// The sender's training round.
+    pub round: u64,
+    /// Creation time, milliseconds since the Unix epoch.
+    pub unix_ms: u64,
+    /// Training samples behind the update.
+    pub samples: u64,
+    /// Local training loss: finite.
+    pub loss: f32,
+    /// The update's embedding.
+    pub embedding: Embedding,
+}
+
+/// A packet ready to store and serve: validated, signed and encoded.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SealedPacket {
+    /// The signed header, as peers will see it after verification.
+    pub header: VerifiedHeader,
+    /// The encoded, signed header.
+    pub header_bytes: Vec<u8>,
+    /// The encoded body.
+    pub body_bytes: Vec<u8>,
+}
+
+impl SealedPacket {
+    /// The packet's id.
+    pub fn id(&self) -> PacketId {
+        self.header.id()
+    }
+}
+
+/// Encode, sign and validate an outcome packet.
+///
+/// The body is checked against `spec` and the header fields against the protocol limits with the
+/// very decoders receivers run, so the result is a packet every honest peer accepts.
+///
+/// ```
+/// use kindred_proto::*;
+/// use libp2p_identity::ed25519;
+///
+/// let key = ed25519::Keypair::from(ed25519::SecretKey::try_from_bytes([1u8; 32]).unwrap());
+/// let spec = ModelSpec::new(vec![LayerSpec::new("w", [4], DType::F32)])?;
+/// let body = PacketBody { layers: vec![LayerPayload::Dense(DenseValues::F32(vec![0.5; 4]))] };
+/// let fields = HeaderFields { round: 3, unix_ms: 0, samples: 32, loss: 0.7, embedding: Embedding::default() };
+/// let packet = seal(&key, &spec, fields, &body)?;
+///
+/// let header = decode_header(&packet.header_bytes)?;
+/// assert_eq!(header.id(), packet.id());
+/// assert_eq!(decode_body(header.header(), &spec, &packet.body_bytes)?, body);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # Errors
+/// [`SealError::Invalid`] with the reason a receiver would give for rejecting the packet.
+pub fn seal(
+    keypair: &ed25519::Keypair,
+    spec: &ModelSpec,
+    fields: HeaderFields,
+    body: &PacketBody,
+) -> Result<SealedPacket, SealError> {
+    let body_bytes = encode_body(body);
+    let body_len = u32::try_from(body_bytes.len()).map_err(|_| DecodeError::Oversize {
+        what: "body",
+        len: body_bytes.len() as u64,
+        max: MAX_BODY_BYTES as u64,
+    })?;
+    let header = PacketHeader {
+        model: spec.id(),
+        round: fields.round,
+        sender: PublicKey::from(keypair.public()).to_peer_id(),
+        unix_ms: fields.unix_ms,
+        samples: fields.samples,
+        loss: fields.loss,
+        embedding: fields.embedding,
+        body_len,
+        body_hash: *blake3::hash(&body_bytes).as_bytes(),
+        compression: CompressionSummary::of(body),
+    };
+    let header_bytes = encode_header(&header, keypair);
+    let verified = decode_header(&header_bytes)?;
+    decode_body(verified.header(), spec, &body_bytes)?;
+    Ok(SealedPacket {
+        header: verified,
+        header_bytes,
+        body_bytes,
+    })
+}
+
+/// Encode and sign a header as-is, without validating it.
+///
+/// Most callers want [`seal`]. This is the raw encoder, public so that tests and tools can build
+/// packets that receivers must reject.
+pub fn encode_header(header: &PacketHeader, keypair: &ed25519::Keypair) -> Vec<u8> {
+    let sender = header.sender.to_bytes();
+    let sketch: &[u8] = bytemuck::cast_slice(&header.embedding.sketch);
+    let wire = WireHeader {
+        version: FORMAT_VERSION,
+        model: header.model.0,
+        round: header.round,
+        sender: &sender,
+        unix_ms: header.unix_ms,
+        samples: header.samples,
+        loss: header.loss,
+        simhash: header.embedding.simhash.0,
+        sketch,
+        sketch_scale: header.embedding.sketch_scale,
+        body_len: header.body_len,
+        body_hash: header.body_hash,
+        dense_layers: header.compression.dense_layers,
+        topk_layers: header.compression.topk_layers,
+        sign_layers: header.compression.sign_layers,
+        params: header.compression.params,
+        carried: header.compression.carried,
+    };
+    let mut out = Vec::with_capacity(256 + sketch.len());
+    // Serialising into a Vec only fails on allocation failure, which aborts anyway.
+    out = postcard::to_extend(&wire, out).unwrap_or_default();
+    let signature = keypair.sign(&signing_message(&out));
+    let public_key = keypair.public().to_bytes();
+    postcard::to_extend(
+        &WireSeal {
+            public_key: &public_key,
+            signature: &signature,
+        },
+        out,
+    )
+    .unwrap_or_default()
+}
+
+fn signing_message(header: &[u8]) -> Vec<u8> {
+    let mut msg = Vec::with_capacity(SIGNING_DOMAIN.len() + header.len());
+    msg.extend_from_slice(SIGNING_DOMAIN);
+    msg.extend_from_slice(header);
+    msg
+}
+
+/// Decode and verify a signed header received from a peer.
+///
+/// Checks, in order: size limit, format version, structure, every field's range, that the
+/// signing key belongs to the named sender, and the signature.
+///
+/// # Errors
+/// The first [`DecodeError`] found; nothing is allocated beyond [`MAX_HEADER_BYTES`].
+pub fn decode_header(bytes: &[u8]) -> Result<VerifiedHeader, DecodeError> {
+    if bytes.len() > MAX_HEADER_BYTES {
+        return Err(DecodeError::Oversize {
+            what: "header",
+            len: bytes.len() as u64,
+            max: MAX_HEADER_BYTES as u64,
+        });
+    }
+    let (version, _) = varint::decode_u16(bytes).map_err(|e| e.at(Part::Header))?;
+    if version != FORMAT_VERSION {
+        return Err(DecodeError::UnknownVersion {
+            found: version,
+            supported: FORMAT_VERSION,
+        });
+    }
+    let (wire, rest) = postcard::take_from_bytes::<WireHeader<'_>>(bytes)
+        .map_err(|e| postcard_error(e, Part::Header))?;
+    let signed = bytes
+        .get(..bytes.len() - rest.len())
+        .ok_or(DecodeError::Truncated { part: Part::Header })?;
+    let (seal, rest) = postcard::take_from_bytes::<WireSeal<'_>>(rest)
+        .map_err(|e| postcard_error(e, Part::Header))?;
+    if !rest.is_empty() {
+        return Err(DecodeError::TrailingBytes {
+            part: Part::Header,
+            extra: rest.len(),
+        });
+    }
+    let header = header_from_wire(&wire)?;
+
+    if seal.public_key.len() != ED25519_PUBLIC_KEY_LEN {
+        return Err(DecodeError::InvalidPublicKey);
+    }
+    let key = ed25519::PublicKey::try_from_bytes(seal.public_key)
+        .map_err(|_| DecodeError::InvalidPublicKey)?;
+    let signer = PublicKey::from(key.clone()).to_peer_id();
+    if signer != header.sender {
+        return Err(DecodeError::SenderMismatch {
+            claimed: Box::new(header.sender),
+            actual: Box::new(signer),
+        });
+    }
+    if seal.signature.len() != ED25519_SIGNATURE_LEN
+        || !key.verify(&signing_message(signed), seal.signature)
+    {
+        return Err(DecodeError::BadSignature);
+    }
+    Ok(VerifiedHeader::new(
+        header,
+        PacketId::of_header_bytes(bytes),
+    ))
+}
+
+fn header_from_wire(w: &WireHeader<'_>) -> Result<PacketHeader, DecodeError> {
+    let invalid = |field, reason| DecodeError::InvalidField { field, reason };
+    if w.sender.len() > MAX_PEER_ID_BYTES {
+        return Err(DecodeError::Oversize {
+            what: "sender peer id",
+            len: w.sender.len() as u64,
+            max: MAX_PEER_ID_BYTES as u64,
+        });
+    }
+    let sender = PeerId::from_bytes(w.sender).map_err(|_| invalid("sender", "not a PeerId"))?;
+    if !w.loss.is_finite() {
+        return Err(invalid("loss", "not finite"));
+    }
+    if w.sketch.len() > MAX_SKETCH_LEN {
+        return Err(DecodeError::Oversize {
+            what: "embedding sketch",
+            len: w.sketch.len() as u64,
+            max: MAX_SKETCH_LEN as u64,
+        });
+    }
+    if !(w.sketch_scale.is_finite() && w.sketch_scale >= 0.0) {
+        return Err(invalid("sketch_scale", "not a finite non-negative number"));
+    }
+    if w.body_len as usize > MAX_BODY_BYTES {
+        return Err(DecodeError::Oversize {
+            what: "body",
+            len: u64::from(w.body_len),
+            max: MAX_BODY_BYTES as u64,
+        });
+    }
+    let compression = CompressionSummary {
+        dense_layers: w.dense_layers,
+        topk_layers: w.topk_layers,
+        sign_layers: w.sign_layers,
+        params: w.params,
+        carried: w.carried,
+    };
+    let layers = compression.layers();
+    if layers == 0 || layers > MAX_LAYERS {
+        return Err(invalid("compression", "layer count outside 1..=MAX_LAYERS"));
+    }
+    if compression.carried > compression.params
+        || compression.params > layers as u64 * MAX_LAYER_ELEMS
+    {
+        return Err(invalid("compression", "carried or params out of range"));
+    }
+    Ok(PacketHeader {
+        model: ModelId(w.model),
+        round: w.round,
+        sender,
+        unix_ms: w.unix_ms,
+        samples: w.samples,
+        loss: w.loss,
+        embedding: Embedding {
+            simhash: SimHash(w.simhash),
+            sketch: bytemuck::cast_slice::<u8, i8>(w.sketch).to_vec(),
+            sketch_scale: w.sketch_scale,
+        },
+        body_len: w.body_len,
+        body_hash: w.body_hash,
+        compression,
+    })
+}
+
+/// Encode a body without validating it (see [`seal`] for the validating path).
+pub fn encode_body(body: &PacketBody) -> Vec<u8> {
+    let payload_bytes: usize = body.layers.iter().map(encoded_size_hint).sum();
+    let mut out = Vec::with_capacity(payload_bytes + 16 * body.layers.len() + 8);
+    varint::encode_u32(body.layers.len() as u32, &mut out);
+    let mut deltas = Vec::new();
+    for layer in &body.layers {
+        let f32_bytes;
+        let f16_bytes;
+        let words_bytes;
+        let wire = match layer {
+            LayerPayload::Dense(DenseValues::F32(v)) => {
+                f32_bytes = le_bytes(v, f32::to_le_bytes);
+                WireLayer::Dense {
+                    dtype: WireDtype::F32,
+                    bytes: &f32_bytes,
+                }
+            }
+            LayerPayload::Dense(DenseValues::F16(v)) => {
+                f16_bytes = le_bytes(v, f16::to_le_bytes);
+                WireLayer::Dense {
+                    dtype: WireDtype::F16,
+                    bytes: &f16_bytes,
+                }
+            }
+            LayerPayload::Dense(DenseValues::BF16(v)) => {
+                f16_bytes = le_bytes(v, bf16::to_le_bytes);
+                WireLayer::Dense {
+                    dtype: WireDtype::BF16,
+                    bytes: &f16_bytes,
+                }
+            }
+            LayerPayload::TopK(t) => {
+                deltas.clear();
+                let mut prev = 0u32;
+                for (i, &idx) in t.indices.iter().enumerate() {
+                    varint::encode_u32(
+                        if i == 0 { idx } else { idx.wrapping_sub(prev) },
+                        &mut deltas,
+                    );
+                    prev = idx;
+                }
+                WireLayer::TopK {
+                    len: t.len,
+                    count: t.indices.len() as u32,
+                    index_deltas: &deltas,
+                    values: bytemuck::cast_slice(&t.values),
+                    scale: t.scale,
+                }
+            }
+            LayerPayload::Sign(s) => {
+                words_bytes = le_bytes(&s.words, u64::to_le_bytes);
+                WireLayer::Sign {
+                    len: s.len,
+                    words: &words_bytes,
+                    scale: s.scale,
+                }
+            }
+        };
+        out = postcard::to_extend(&wire, out).unwrap_or_default();
+    }
+    out
+}
+
+fn encoded_size_hint(layer: &LayerPayload) -> usize {
+    match layer {
+        LayerPayload::Dense(DenseValues::F32(v)) => v.len() * 4,
+        LayerPayload::Dense(DenseValues::F16(v)) => v.len() * 2,
+        LayerPayload::Dense(DenseValues::BF16(v)) => v.len() * 2,
+        LayerPayload::TopK(t) => t.indices.len() * 3,
+        LayerPayload::Sign(s) => s.words.len() * 8,
+    }
+}
+
+/// Little-endian bytes of a slice of plain numbers: a free reinterpretation on little-endian
+/// machines, a converted copy elsewhere.
+fn le_bytes<T: bytemuck::Pod, const N: usize>(v: &[T], to_le: fn(T) -> [u8; N]) -> Cow<'_, [u8]> {
+    if cfg!(target_endian = "little") {
+        Cow::Borrowed(bytemuck::cast_slice(v))
+    } else {
+        Cow::Owned(v.iter().flat_map(|&x| to_le(x)).collect())
+    }
+}
+
+/// Decode a body received from a peer, against the header that announced it and the local spec.
+///
+/// Checks, in order: size limit, the length and blake3 hash the signed header commits to, that
+/// the header is for this model, the layer count, then each layer against its spec (element count,
+/// index order and range, finite scales and values, sign padding), and finally that the header's
+/// compression summary describes the body.
+///
+/// # Errors
+/// The first [`DecodeError`] found. Allocations are bounded by the spec's layer sizes, which are
+/// checked before each allocation.
+pub fn decode_body(
+    header: &PacketHeader,
+    spec: &ModelSpec,
+    bytes: &[u8],
+) -> Result<PacketBody, DecodeError> {
+    if bytes.len() > MAX_BODY_BYTES {
+        return Err(DecodeError::Oversize {
+            what: "body",
+            len: bytes.len() as u64,
+            max: MAX_BODY_BYTES as u64,
+        });
+    }
+    if bytes.len() as u64 != u64::from(header.body_len) {
+        return Err(DecodeError::BodyLengthMismatch {
+            expected: u64::from(header.body_len),
+            found: bytes.len() as u64,
+        });
+    }
+    if blake3::hash(bytes).as_bytes() != &header.body_hash {
+        return Err(DecodeError::BodyHashMismatch);
+    }
+    if header.model != spec.id() {
+        return Err(DecodeError::ModelMismatch);
+    }
+    let (count, mut rest) = varint::decode_u32(bytes).map_err(|e| e.at(Part::Body))?;
+    let count = count as usize;
+    if count > MAX_LAYERS {
+        return Err(DecodeError::Oversize {
+            what: "layer count",
+            len: count as u64,
+            max: MAX_LAYERS as u64,
+        });
+    }
+    if count != spec.layers().len() {
+        return Err(DecodeError::LayerCountMismatch {
+            expected: spec.layers().len(),
+            found: count,
+        });
+    }
+    let mut layers = Vec::with_capacity(count);
+    for (i, layer_spec) in spec.layers().iter().enumerate() {
+        let (wire, tail) = postcard::take_from_bytes::<WireLayer<'_>>(rest)
+            .map_err(|e| postcard_error(e, Part::Layer(i)))?;
+        layers.push(layer_from_wire(i, layer_spec, wire)?);
+        rest = tail;
+    }
+    if !rest.is_empty() {
+        return Err(DecodeError::TrailingBytes {
+            part: Part::Body,
+            extra: rest.len(),
+        });
+    }
+    let body = PacketBody { layers };
+    if CompressionSummary::of(&body) != header.compression {
+        return Err(DecodeError::SummaryMismatch);
+    }
+    Ok(body)
+}
+
+fn layer_from_wire(
+    i: usize,
+    spec: &LayerSpec,
+    wire: WireLayer<'_>,
+) -> Result<LayerPayload, DecodeError> {
+    let numel = spec.numel();
+    let shape_check = |found: u64| {
+        if found == numel {
+            Ok(())
+        } else {
+            Err(DecodeError::ShapeMismatch {
+                layer: i,
+                expected: numel,
+                found,
+            })
+        }
+    };
+    let scale_check = |scale: f32| {
+        if scale.is_finite() && scale >= 0.0 {
+            Ok(())
+        } else {
+            Err(DecodeError::NonFiniteScale { layer: i, scale })
+        }
+    };
+    match wire {
+        WireLayer::Dense { dtype, bytes } => {
+            let dtype = match dtype {
+                WireDtype::F32 => DType::F32,
+                WireDtype::F16 => DType::F16,
+                WireDtype::BF16 => DType::BF16,
+            };
+            if bytes.len() % dtype.size() != 0 {
+                return Err(DecodeError::Malformed {
+                    part: Part::Layer(i),
+                    detail: "dense bytes are not a whole number of elements",
+                });
+            }
+            shape_check((bytes.len() / dtype.size()) as u64)?;
+            let values = match dtype {
+                DType::F32 => DenseValues::F32(from_le(bytes, f32::from_le_bytes)),
+                DType::F16 => DenseValues::F16(from_le(bytes, f16::from_le_bytes)),
+                DType::BF16 => DenseValues::BF16(from_le(bytes, bf16::from_le_bytes)),
+            };
+            let bad = match &values {
+                DenseValues::F32(v) => v.iter().position(|x| !x.is_finite()),
+                DenseValues::F16(v) => v.iter().position(|x| !x.is_finite()),
+                DenseValues::BF16(v) => v.iter().position(|x| !x.is_finite()),
+            };
+            match bad {
+                Some(index) => Err(DecodeError::NonFiniteValue { layer: i, index }),
+                None => Ok(LayerPayload::Dense(values)),
+            }
+        }
+        WireLayer::TopK {
+            len,
+            count,
+            index_deltas,
+            values,
+            scale,
+        } => {
+            shape_check(u64::from(len))?;
+            scale_check(scale)?;
+            let k = count as usize;
+            if u64::from(count) > numel {
+                return Err(DecodeError::Oversize {
+                    what: "top-k count",
+                    len: u64::from(count),
+                    max: numel,
+                });
+            }
+            if values.len() != k {
+                return Err(DecodeError::Malformed {
+                    part: Part::Layer(i),
+                    detail: "top-k value count differs from index count",
+                });
+            }
+            // Every varint takes at least one byte: a count the delta bytes cannot hold is
+            // rejected here, before the index vector is allocated.
+            if index_deltas.len() < k {
+                return Err(DecodeError::Truncated {
+                    part: Part::Layer(i),
+                });
+            }
+            let mut indices = Vec::with_capacity(k);
+            let mut rest = index_deltas;
+            let mut prev = 0u64;
+            for position in 0..k {
+                let (delta, tail) = varint::decode_u32(rest).map_err(|e| e.at(Part::Layer(i)))?;
+                rest = tail;
+                if position > 0 && delta == 0 {
+                    return Err(DecodeError::IndexNotIncreasing { layer: i, position });
+                }
+                let index = if position == 0 {
+                    u64::from(delta)
+                } else {
+                    prev + u64::from(delta)
+                };
+                if index >= numel {
+                    return Err(DecodeError::IndexOutOfRange {
+                        layer: i,
+                        index,
+                        len: numel,
+                    });
+                }
+                // index < numel ≤ MAX_LAYER_ELEMS < 2^32
+                indices.push(index as u32);
+                prev = index;
+            }
+            if !rest.is_empty() {
+                return Err(DecodeError::TrailingBytes {
+                    part: Part::Layer(i),
+                    extra: rest.len(),
+                });
+            }
+            Ok(LayerPayload::TopK(TopK {
+                len,
+                indices,
+                values: bytemuck::cast_slice::<u8, i8>(values).to_vec(),
+                scale,
+            }))
+        }
+        WireLayer::Sign { len, words, scale } => {
+            shape_check(u64::from(len))?;
+            scale_check(scale)?;
+            let n_words = (len as usize).div_ceil(64);
+            if words.len() != n_words * 8 {
+                return Err(DecodeError::Malformed {
+                    part: Part::Layer(i),
+                    detail: "sign word bytes do not match the element count",
+                });
+            }
+            let words = from_le(words, u64::from_le_bytes);
+            let tail_bits = len % 64;
+            if tail_bits != 0 && words.last().is_some_and(|w| w >> tail_bits != 0) {
+                return Err(DecodeError::SignPadding { layer: i });
+            }
+            Ok(LayerPayload::Sign(SignBits { len, words, scale }))
+        }
+    }
+}
+
+/// Read little-endian numbers from bytes whose length is a multiple of `N` (checked by callers).
+fn from_le<T, const N: usize>(bytes: &[u8], from: fn([u8; N]) -> T) -> Vec<T> {
+    bytes
+        .chunks_exact(N)
+        .map(|c| {
+            let mut a = [0u8; N];
+            a.copy_from_slice(c);
+            from(a)
+        })
+        .collect()
+}
+
+fn postcard_error(err: postcard::Error, part: Part) -> DecodeError {
+    use postcard::Error as E;
+    let detail = match err {
+        E::DeserializeUnexpectedEnd => return DecodeError::Truncated { part },
+        E::DeserializeBadVarint => "bad varint",
+        // serde's derived enum visitors report an unknown variant index as a custom error.
+        E::DeserializeBadEnum | E::SerdeDeCustom => "unknown enum tag",
+        E::DeserializeBadUtf8 => "invalid UTF-8",
+        E::DeserializeBadBool => "invalid bool",
+        E::DeserializeBadOption => "invalid option tag",
+        _ => "undecodable bytes",
+    };
+    DecodeError::Malformed { part, detail }
+}

@@ -1,0 +1,43 @@
+//! Explicit size limits of the v1 wire format.
+//!
+//! Every decoder in this crate compares a length against one of these constants *before* it
+//! allocates or copies anything, so a hostile peer cannot make a node reserve more memory than
+//! these bounds, whatever the bytes claim. Changing a limit changes what honest nodes accept: treat
+//! it as a wire change and bump [`FORMAT_VERSION`].
+
+/// The only outcome-packet format version this crate encodes and accepts.
+pub const FORMAT_VERSION: u16 = 1;
+
+/// Largest encoded, signed packet header accepted (bytes).
+///
+/// A v1 header with the largest embedding sketch ([`MAX_SKETCH_LEN`]) and the longest peer id
+/// ([`MAX_PEER_ID_BYTES`]) encodes to well under 2 KiB; the rest is headroom.
+pub const MAX_HEADER_BYTES: usize = 4096;
+
+/// Largest encoded packet body accepted (bytes): 64 MiB.
+///
+/// Outcome packets are meant to be 20-100x smaller than the raw update, so this admits updates of
+/// several hundred million parameters at the default density, and a 16M-parameter layer dense in f32.
+pub const MAX_BODY_BYTES: usize = 64 << 20;
+
+/// Most layers a model spec, and therefore a packet body, may have.
+pub const MAX_LAYERS: usize = 4096;
+
+/// Most elements in one layer (2^28). Indices on the wire are `u32`, so this is also what keeps
+/// every index representable.
+pub const MAX_LAYER_ELEMS: u64 = 1 << 28;
+
+/// Most dimensions in one layer's shape.
+pub const MAX_DIMS: usize = 8;
+
+/// Longest layer name in a model spec (bytes of UTF-8).
+pub const MAX_NAME_BYTES: usize = 256;
+
+/// Most entries in an embedding's int8 sketch (used for exact cosine re-ranking).
+pub const MAX_SKETCH_LEN: usize = 1024;
+
+/// Longest encoded libp2p `PeerId` (a multihash of at most 64 bytes plus its prefix).
+pub const MAX_PEER_ID_BYTES: usize = 72;
+
+/// Bits in an embedding's SimHash signature.
+pub const SIMHASH_BITS: usize = 256;
