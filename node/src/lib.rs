@@ -3,5 +3,7 @@
 //!
 //! - [`trainer`]: real MNIST data, per-node tasks (rotation / label-permutation clusters) and
 //!   shards, and the built-in candle models (MLP, CNN) over a flat parameter vector.
+//! - [`store`]: crash-safe state — sled records plus atomically written, content-addressed blobs.
 
+pub mod store;
 pub mod trainer;

@@ -1,0 +1,512 @@
+//! The node's durable state: sled for small records, content-addressed files for large blobs.
+//!
+//! A node may be killed at any instant (`kill -9`, power loss) and must restart with its identity,
+//! round counter, residuals and last checkpoint, and nothing corrupted. The rules that give this:
+//!
+//! 1. **Blobs are immutable and content-addressed.** A blob (packet body, residual state,
+//!    checkpoint) is written to `blobs/tmp/`, fsynced, renamed to `blobs/<blake3 hex>`, and the
+//!    folder fsynced. A blob file therefore either does not exist or is complete; reading it checks
+//!    its hash, so bit rot is reported rather than trained on.
+//! 2. **A round commits with one atomic sled batch** naming the round and the blobs of its
+//!    checkpoint and residuals, then flushes sled. Blobs are durable before the batch that
+//!    references them, so a committed round never points at a missing blob.
+//! 3. **Nothing is updated in place.** A crash between steps leaves either the previous round's
+//!    state or the new one; unreferenced blobs and temp files are swept at the next open.
+//!
+//! sled holds the identity, the committed round, our own packet headers, the peer book and the
+//! replay high-water marks.
+
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use kindred_proto::PacketId;
+use libp2p_identity::ed25519;
+use rand::RngCore;
+
+const STATE: &str = "state";
+const HEADERS: &str = "headers";
+const BODIES: &str = "bodies";
+const PEERS: &str = "peers";
+
+const KEY_IDENTITY: &[u8] = b"identity";
+const KEY_ROUND: &[u8] = b"round";
+
+/// blake3 of a blob's bytes: its name on disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BlobId(pub [u8; 32]);
+
+impl BlobId {
+    /// The id of `bytes`.
+    pub fn of(bytes: &[u8]) -> Self {
+        Self(*blake3::hash(bytes).as_bytes())
+    }
+
+    fn file_name(&self) -> String {
+        hex::encode(self.0)
+    }
+}
+
+/// What a committed round left behind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RoundState {
+    /// The last completed round.
+    pub round: u64,
+    /// Model parameters after that round.
+    pub checkpoint: BlobId,
+    /// Distiller state (residuals, running mean) after that round.
+    pub residuals: BlobId,
+}
+
+impl RoundState {
+    const LEN: usize = 8 + 32 + 32;
+
+    fn encode(&self) -> [u8; Self::LEN] {
+        let mut out = [0u8; Self::LEN];
+        out[..8].copy_from_slice(&self.round.to_be_bytes());
+        out[8..40].copy_from_slice(&self.checkpoint.0);
+        out[40..].copy_from_slice(&self.residuals.0);
+        out
+    }
+
+    fn decode(bytes: &[u8]) -> Option<Self> {
+        let bytes: &[u8; Self::LEN] = bytes.try_into().ok()?;
+        let (round, rest) = bytes.split_first_chunk::<8>()?;
+        let (checkpoint, residuals) = rest.split_first_chunk::<32>()?;
+        Some(Self {
+            round: u64::from_be_bytes(*round),
+            checkpoint: BlobId(*checkpoint),
+            residuals: BlobId(residuals.try_into().ok()?),
+        })
+    }
+}
+
+/// Why a store operation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The metadata database failed.
+    #[error("store database at {}: {source}", path.display())]
+    Db {
+        /// The database folder.
+        path: PathBuf,
+        /// sled's error.
+        source: sled::Error,
+    },
+    /// A blob file could not be read or written.
+    #[error("blob file {}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// Stored data does not match what was written (hash mismatch, bad record length).
+    #[error("store is corrupt: {0}")]
+    Corrupt(String),
+    /// A blob the committed state refers to is missing.
+    #[error("blob {0} referenced by the store is missing")]
+    MissingBlob(String),
+}
+
+/// The node's on-disk store. Cheap to clone; all clones share one database.
+#[derive(Debug, Clone)]
+pub struct Store {
+    root: PathBuf,
+    db: sled::Db,
+    state: sled::Tree,
+    headers: sled::Tree,
+    bodies: sled::Tree,
+    peers: sled::Tree,
+}
+
+impl Store {
+    /// Open (or create) the store in `dir`, sweeping temp files a crash may have left.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the folder or the database cannot be opened.
+    pub fn open(dir: &Path) -> Result<Self, StoreError> {
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| StoreError::Io { path, source }
+        };
+        let tmp = dir.join("blobs").join("tmp");
+        fs::create_dir_all(&tmp).map_err(io(&tmp))?;
+        for entry in fs::read_dir(&tmp).map_err(io(&tmp))?.flatten() {
+            // Incomplete writes from a crash; never referenced by anything.
+            let _ = fs::remove_file(entry.path());
+        }
+        let db_path = dir.join("db");
+        let db_err = |source| StoreError::Db {
+            path: db_path.clone(),
+            source,
+        };
+        let db = sled::Config::new().path(&db_path).open().map_err(db_err)?;
+        let tree = |name: &str| db.open_tree(name).map_err(db_err);
+        Ok(Self {
+            root: dir.to_path_buf(),
+            state: tree(STATE)?,
+            headers: tree(HEADERS)?,
+            bodies: tree(BODIES)?,
+            peers: tree(PEERS)?,
+            db,
+        })
+    }
+
+    /// The folder the store lives in.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn db_err(&self, source: sled::Error) -> StoreError {
+        StoreError::Db {
+            path: self.root.join("db"),
+            source,
+        }
+    }
+
+    /// The node's identity, if one was created.
+    ///
+    /// # Errors
+    /// [`StoreError::Corrupt`] if the stored key is malformed.
+    pub fn identity(&self) -> Result<Option<ed25519::Keypair>, StoreError> {
+        let Some(bytes) = self.state.get(KEY_IDENTITY).map_err(|e| self.db_err(e))? else {
+            return Ok(None);
+        };
+        let mut bytes = bytes.to_vec();
+        ed25519::Keypair::try_from_bytes(&mut bytes)
+            .map(Some)
+            .map_err(|e| StoreError::Corrupt(format!("identity key: {e}")))
+    }
+
+    /// The node's identity, created (from the OS random generator) and flushed on first use.
+    ///
+    /// # Errors
+    /// As [`Store::identity`], or a database error.
+    pub fn identity_or_create(&self) -> Result<ed25519::Keypair, StoreError> {
+        if let Some(key) = self.identity()? {
+            return Ok(key);
+        }
+        let mut secret = [0u8; 32];
+        rand::rng().fill_bytes(&mut secret);
+        let key = ed25519::Keypair::from(
+            ed25519::SecretKey::try_from_bytes(&mut secret)
+                .map_err(|e| StoreError::Corrupt(format!("generated key: {e}")))?,
+        );
+        self.state
+            .insert(KEY_IDENTITY, key.to_bytes().to_vec())
+            .map_err(|e| self.db_err(e))?;
+        self.flush()?;
+        Ok(key)
+    }
+
+    /// Write `bytes` as a blob (atomically, durably) and return its id. Writing an existing blob
+    /// is a no-op.
+    ///
+    /// # Errors
+    /// [`StoreError::Io`] when the file cannot be written, synced or renamed.
+    pub fn put_blob(&self, bytes: &[u8]) -> Result<BlobId, StoreError> {
+        let id = BlobId::of(bytes);
+        let dir = self.root.join("blobs");
+        let path = dir.join(id.file_name());
+        if path.is_file() {
+            return Ok(id);
+        }
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| StoreError::Io { path, source }
+        };
+        let tmp =
+            dir.join("tmp")
+                .join(format!("{}.{:016x}", id.file_name(), rand::random::<u64>()));
+        let mut file = File::create(&tmp).map_err(io(&tmp))?;
+        file.write_all(bytes).map_err(io(&tmp))?;
+        file.sync_all().map_err(io(&tmp))?;
+        drop(file);
+        fs::rename(&tmp, &path).map_err(io(&path))?;
+        File::open(&dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io(&dir))?;
+        Ok(id)
+    }
+
+    /// Read blob `id`, checking its hash.
+    ///
+    /// # Errors
+    /// [`StoreError::MissingBlob`], [`StoreError::Io`], or [`StoreError::Corrupt`] when the
+    /// bytes no longer hash to `id`.
+    pub fn get_blob(&self, id: &BlobId) -> Result<Vec<u8>, StoreError> {
+        let path = self.root.join("blobs").join(id.file_name());
+        let bytes = match fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(StoreError::MissingBlob(id.file_name()));
+            }
+            Err(source) => return Err(StoreError::Io { path, source }),
+        };
+        if BlobId::of(&bytes) != *id {
+            return Err(StoreError::Corrupt(format!(
+                "blob {} fails its hash",
+                id.file_name()
+            )));
+        }
+        Ok(bytes)
+    }
+
+    /// The last committed round, if any, with its blobs verified present and intact.
+    ///
+    /// # Errors
+    /// [`StoreError::Corrupt`] or [`StoreError::MissingBlob`] if the committed state is damaged.
+    pub fn round_state(&self) -> Result<Option<RoundState>, StoreError> {
+        let Some(bytes) = self.state.get(KEY_ROUND).map_err(|e| self.db_err(e))? else {
+            return Ok(None);
+        };
+        let state = RoundState::decode(&bytes)
+            .ok_or_else(|| StoreError::Corrupt("round record has the wrong length".into()))?;
+        Ok(Some(state))
+    }
+
+    /// Commit a completed round: one atomic record naming the round and its (already durable)
+    /// blobs, flushed before returning. Blobs of older rounds are then swept.
+    ///
+    /// # Errors
+    /// [`StoreError::MissingBlob`] if a named blob was never written, or a database error.
+    pub fn commit_round(&self, state: RoundState) -> Result<(), StoreError> {
+        for id in [state.checkpoint, state.residuals] {
+            if !self.root.join("blobs").join(id.file_name()).is_file() {
+                return Err(StoreError::MissingBlob(id.file_name()));
+            }
+        }
+        self.state
+            .insert(KEY_ROUND, &state.encode()[..])
+            .map_err(|e| self.db_err(e))?;
+        self.flush()
+    }
+
+    /// Store one of our own packets: the body as a blob, the header in sled.
+    ///
+    /// # Errors
+    /// As [`Store::put_blob`], or a database error.
+    pub fn put_packet(&self, id: PacketId, header: &[u8], body: &[u8]) -> Result<(), StoreError> {
+        let blob = self.put_blob(body)?;
+        self.bodies
+            .insert(id.0, &blob.0[..])
+            .map_err(|e| self.db_err(e))?;
+        self.headers
+            .insert(id.0, header)
+            .map_err(|e| self.db_err(e))?;
+        Ok(())
+    }
+
+    /// The encoded header of stored packet `id`.
+    ///
+    /// # Errors
+    /// A database error.
+    pub fn packet_header(&self, id: &PacketId) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self
+            .headers
+            .get(id.0)
+            .map_err(|e| self.db_err(e))?
+            .map(|v| v.to_vec()))
+    }
+
+    /// The encoded body of stored packet `id`.
+    ///
+    /// # Errors
+    /// A database error, or the blob errors of [`Store::get_blob`].
+    pub fn packet_body(&self, id: &PacketId) -> Result<Option<Vec<u8>>, StoreError> {
+        let Some(blob) = self.bodies.get(id.0).map_err(|e| self.db_err(e))? else {
+            return Ok(None);
+        };
+        let blob: [u8; 32] = blob
+            .as_ref()
+            .try_into()
+            .map_err(|_| StoreError::Corrupt("body index entry has the wrong length".into()))?;
+        self.get_blob(&BlobId(blob)).map(Some)
+    }
+
+    /// Remember addresses of a peer (the peer book), as opaque bytes chosen by the caller.
+    ///
+    /// # Errors
+    /// A database error.
+    pub fn put_peer(&self, peer: &[u8], record: &[u8]) -> Result<(), StoreError> {
+        self.peers
+            .insert(peer, record)
+            .map_err(|e| self.db_err(e))?;
+        Ok(())
+    }
+
+    /// Every peer-book record.
+    ///
+    /// # Errors
+    /// A database error.
+    pub fn peers(&self) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StoreError> {
+        self.peers
+            .iter()
+            .map(|r| {
+                r.map(|(k, v)| (k.to_vec(), v.to_vec()))
+                    .map_err(|e| self.db_err(e))
+            })
+            .collect()
+    }
+
+    /// Delete our stored packets whose encoded header `keep` rejects, then every blob referenced
+    /// neither by the committed round nor by a kept packet. Returns the number of blobs removed.
+    ///
+    /// # Errors
+    /// A database or I/O error.
+    pub fn sweep(&self, keep: impl Fn(&[u8]) -> bool) -> Result<usize, StoreError> {
+        let mut referenced = std::collections::HashSet::new();
+        if let Some(state) = self.round_state()? {
+            referenced.insert(state.checkpoint.file_name());
+            referenced.insert(state.residuals.file_name());
+        }
+        for entry in self.headers.iter() {
+            let (id, header) = entry.map_err(|e| self.db_err(e))?;
+            if keep(&header) {
+                if let Some(blob) = self.bodies.get(&id).map_err(|e| self.db_err(e))? {
+                    referenced.insert(hex::encode(&blob));
+                }
+            } else {
+                self.headers.remove(&id).map_err(|e| self.db_err(e))?;
+                self.bodies.remove(&id).map_err(|e| self.db_err(e))?;
+            }
+        }
+        let dir = self.root.join("blobs");
+        let mut removed = 0;
+        let entries = fs::read_dir(&dir).map_err(|source| StoreError::Io {
+            path: dir.clone(),
+            source,
+        })?;
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.len() == 64
+                && !referenced.contains(&name)
+                && fs::remove_file(entry.path()).is_ok()
+            {
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Make everything written so far durable.
+    ///
+    /// # Errors
+    /// A database error.
+    pub fn flush(&self) -> Result<(), StoreError> {
+        self.db.flush().map(|_| ()).map_err(|e| self.db_err(e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tempdir() -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("kindred-store-{:016x}", rand::random::<u64>()));
+        fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn state_survives_reopen() {
+        let dir = tempdir();
+        let (peer, state) = {
+            let store = Store::open(&dir).unwrap();
+            let key = store.identity_or_create().unwrap();
+            let checkpoint = store.put_blob(b"params").unwrap();
+            let residuals = store.put_blob(b"residuals").unwrap();
+            let state = RoundState {
+                round: 7,
+                checkpoint,
+                residuals,
+            };
+            store.commit_round(state).unwrap();
+            store
+                .put_packet(PacketId([3; 32]), b"header", b"body")
+                .unwrap();
+            (key.public(), state)
+        };
+        let store = Store::open(&dir).unwrap();
+        assert_eq!(store.identity().unwrap().unwrap().public(), peer);
+        assert_eq!(store.identity_or_create().unwrap().public(), peer);
+        assert_eq!(store.round_state().unwrap(), Some(state));
+        assert_eq!(store.get_blob(&state.checkpoint).unwrap(), b"params");
+        assert_eq!(
+            store.packet_header(&PacketId([3; 32])).unwrap().unwrap(),
+            b"header"
+        );
+        assert_eq!(
+            store.packet_body(&PacketId([3; 32])).unwrap().unwrap(),
+            b"body"
+        );
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn corrupt_blob_is_detected_not_returned() {
+        let dir = tempdir();
+        let store = Store::open(&dir).unwrap();
+        let id = store.put_blob(b"checkpoint bytes").unwrap();
+        fs::write(dir.join("blobs").join(id.file_name()), b"checkpoint bytez").unwrap();
+        assert!(matches!(store.get_blob(&id), Err(StoreError::Corrupt(_))));
+        assert!(matches!(
+            store.get_blob(&BlobId([9; 32])),
+            Err(StoreError::MissingBlob(_))
+        ));
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn commit_refuses_unwritten_blobs_and_sweep_keeps_referenced() {
+        let dir = tempdir();
+        let store = Store::open(&dir).unwrap();
+        let old = store.put_blob(b"old").unwrap();
+        let cp = store.put_blob(b"new checkpoint").unwrap();
+        let res = store.put_blob(b"new residuals").unwrap();
+        let missing = RoundState {
+            round: 1,
+            checkpoint: BlobId([1; 32]),
+            residuals: res,
+        };
+        assert!(matches!(
+            store.commit_round(missing),
+            Err(StoreError::MissingBlob(_))
+        ));
+        store
+            .commit_round(RoundState {
+                round: 2,
+                checkpoint: cp,
+                residuals: res,
+            })
+            .unwrap();
+        store
+            .put_packet(PacketId([1; 32]), b"keep", b"body-keep")
+            .unwrap();
+        store
+            .put_packet(PacketId([2; 32]), b"drop", b"body-drop")
+            .unwrap();
+        fs::write(dir.join("blobs/tmp/leftover"), b"x").unwrap();
+        assert_eq!(
+            store.sweep(|h| h == b"keep").unwrap(),
+            2,
+            "old blob and dropped body"
+        );
+        assert!(store.get_blob(&old).is_err());
+        assert_eq!(store.get_blob(&cp).unwrap(), b"new checkpoint");
+        assert!(store.packet_header(&PacketId([2; 32])).unwrap().is_none());
+        assert_eq!(
+            store.packet_body(&PacketId([1; 32])).unwrap().unwrap(),
+            b"body-keep"
+        );
+        drop(store);
+        Store::open(&dir).unwrap();
+        assert!(
+            !dir.join("blobs/tmp/leftover").exists(),
+            "temp files swept at open"
+        );
+        fs::remove_dir_all(dir).unwrap();
+    }
+}
