@@ -1,10 +1,57 @@
 //! Kindred's compute kernels: the arithmetic that distillation runs on every layer of every update,
 //! over plain slices.
 //!
-//! This crate will own residual accumulation with per-tensor statistics, top-k selection by
-//! magnitude, int8 quantisation, 1-bit sign packing, count-sketch and SimHash. Each kernel has one
-//! definition dispatched through a `Backend`: a CPU backend (rayon for large slices, code shaped
-//! so the compiler vectorises it) that is always built, and a CUDA backend behind the `cuda`
-//! feature and a runtime check, so the same binary runs on hosts with and without a GPU.
+//! | kernel | [`Kernels`] method |
+//! |---|---|
+//! | fused `residual += update` with mean, variance, abs-max and L2 in one pass | [`Kernels::accumulate`] |
+//! | top-k by magnitude, exact (radix histogram) or DGC-style sampled threshold with exact-count fix-up; sorted indices + values, selected entries zeroed | [`Kernels::topk_exact`], [`Kernels::topk_sampled`] |
+//! | int8 symmetric quantisation, round-to-nearest or seeded stochastic rounding | [`Kernels::quantize_i8`], [`Kernels::dequantize_i8`] |
+//! | 1-bit sign packing into u64 words with a mean-\|x\| scale | [`Kernels::sign_pack`], [`Kernels::sign_unpack`] |
+//! | count-sketch into D buckets with seeded hashes | [`Kernels::count_sketch`] |
+//! | 256-bit SimHash by seeded Gaussian hyperplanes, with per-bit margins | [`Kernels::simhash`] |
+//! | the fused distillation pass: add + stats + sketch + top-k candidates in one pass | [`Kernels::accumulate_fused`], [`Kernels::sample_threshold`], [`Kernels::topk_candidates`] |
 //!
-//! It knows nothing of layers, packets or compression policy: those live in `kindred-distill`.
+//! Each kernel has one definition (the [`Kernels`] trait) dispatched through [`Backend`]: a CPU
+//! backend that is always built ([`CpuBackend`]: rayon for large slices, loops shaped so the
+//! compiler vectorises them) and, later, a CUDA backend behind the `cuda` feature and a runtime
+//! check, so the same binary runs on hosts with and without a GPU.
+//!
+//! Every kernel is deterministic: randomness comes from explicit seeds through [`rng`], and
+//! reductions combine fixed-size chunks in a fixed order, so results are bit-identical across runs
+//! and thread counts. Every precondition is checked and reported as a typed error; no input slice
+//! makes a kernel panic.
+//!
+//! The crate knows nothing of layers, packets or compression policy: those live in
+//! `kindred-distill`.
+//!
+//! ```
+//! use kindred_kernels::{Backend, Kernels, Rounding};
+//! let backend = Backend::cpu();
+//! let x = [0.5f32, -1.0, 0.25, 0.0];
+//! let mut q = [0i8; 4];
+//! let scale = backend.quantize_i8(&x, Rounding::Nearest, &mut q)?;
+//! assert_eq!(q, [64, -127, 32, 0]);
+//! let mut back = [0f32; 4];
+//! backend.dequantize_i8(&q, scale, &mut back)?;
+//! assert!(back.iter().zip(&x).all(|(a, b)| (a - b).abs() <= scale / 2.0));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod backend;
+mod cpu;
+mod error;
+pub mod rng;
+mod simhash;
+mod types;
+
+pub use backend::Backend;
+pub use cpu::{CpuBackend, Kernels, Threading};
+pub use error::{
+    AccumulateError, DequantizeError, QuantizeError, SignPackError, SignUnpackError, SimHashError,
+    SketchError, TopKError,
+};
+pub use simhash::{MAX_SIMHASH_DIM, SIMHASH_BITS, SimHasher};
+pub use types::{
+    Candidates, CountSketch, Fused, Rounding, SelectMethod, Selection, SimHashOutput, SketchInto,
+    Stats,
+};

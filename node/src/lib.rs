@@ -3,7 +3,19 @@
 //!
 //! - [`trainer`]: real MNIST data, per-node tasks (rotation / label-permutation clusters) and
 //!   shards, and the built-in candle models (MLP, CNN) over a flat parameter vector.
+//! - [`engine`]: one node's model, distiller and store, and the two halves of a round.
+//! - [`run`]: the tokio driver — routing task, local API, wall-clock round schedule, shutdown.
+//! - [`api`]: the local HTTP API (status, metrics, external trainer).
+//! - [`demo`]: `kindred demo`, a local swarm of real node processes and a results table.
+//! - [`config`]: the TOML config file, with env and flag overrides.
+//! - [`metrics`]: Prometheus metrics of the round loop and the routing layer.
 //! - [`store`]: crash-safe state — sled records plus atomically written, content-addressed blobs.
 
+pub mod api;
+pub mod config;
+pub mod demo;
+pub mod engine;
+pub mod metrics;
+pub mod run;
 pub mod store;
 pub mod trainer;

@@ -1,20 +1,339 @@
 //! `kindred`: the node a user runs, one per GPU host.
 //!
-//! It will train (or receive updates from a local trainer), distill each update into a signed
-//! outcome packet, announce it under semantic keys in the Kademlia DHT, find the peers whose updates
-//! point the same way, merge with them, and checkpoint — surviving crashes and restarts. The
-//! protocol, kernels, distillation and routing it is built from live in the library crates.
+//! ```text
+//! kindred init       create the data directory: identity keypair and kindred.toml
+//! kindred run        join a swarm and train, distill, announce, merge — round after round
+//! kindred status     ask a running node (through its local API) how it is doing
+//! kindred swarm-key  make a pre-shared key for a private swarm
+//! kindred demo       a local swarm of 16 real node processes on loopback, with a results table
+//! ```
+//!
+//! Every `run` option can be set in `kindred.toml`, overridden by a `KINDRED_*` environment
+//! variable, overridden by the flag.
 
-use clap::Parser;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use kindred_node::config::{LogFormat, ModelKind, NodeConfig, TrainerKind};
+use kindred_node::demo::{self, DemoOptions};
+use kindred_node::store::Store;
+use tokio::sync::watch;
 
 /// Kindred node: decentralised training that merges only with peers whose updates are similar.
 #[derive(Debug, Parser)]
 #[command(version, about, long_about = None)]
-struct Cli {}
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Create a data directory: identity keypair and a kindred.toml with the given settings.
+    Init(InitArgs),
+    /// Run the node until interrupted (or for --rounds rounds).
+    Run(RunArgs),
+    /// Print the status of a running node.
+    Status(StatusArgs),
+    /// Generate a pre-shared key file for a private swarm.
+    SwarmKey(SwarmKeyArgs),
+    /// Start a local swarm of real node processes on loopback and print a results table.
+    Demo(DemoArgs),
+}
+
+#[derive(Debug, Args)]
+struct DirArgs {
+    /// Data directory (identity, store, config).
+    #[arg(long, env = "KINDRED_DIR", default_value = "kindred-data")]
+    data_dir: PathBuf,
+}
+
+/// Settings that override kindred.toml.
+#[derive(Debug, Args)]
+struct Overrides {
+    /// Network name (nodes of different networks never meet).
+    #[arg(long, env = "KINDRED_NETWORK")]
+    network: Option<String>,
+    /// Listen multiaddr (repeatable), e.g. /ip4/0.0.0.0/tcp/4001.
+    #[arg(long, env = "KINDRED_LISTEN", value_delimiter = ',')]
+    listen: Vec<String>,
+    /// Bootstrap peer multiaddr with /p2p/<peer id> (repeatable).
+    #[arg(long, env = "KINDRED_BOOTSTRAP", value_delimiter = ',')]
+    bootstrap: Vec<String>,
+    /// Pre-shared key file: join a private swarm.
+    #[arg(long, env = "KINDRED_SWARM_KEY")]
+    swarm_key: Option<PathBuf>,
+    /// Local API address (status, metrics, external trainer).
+    #[arg(long, env = "KINDRED_API")]
+    api: Option<SocketAddr>,
+    /// Round length in seconds.
+    #[arg(long, env = "KINDRED_ROUND_SECS")]
+    round_secs: Option<f64>,
+    /// Stop after this many rounds.
+    #[arg(long, env = "KINDRED_ROUNDS")]
+    rounds: Option<u64>,
+    /// Peers merged per round.
+    #[arg(long, env = "KINDRED_PARTNERS")]
+    partners: Option<usize>,
+    /// Where updates come from.
+    #[arg(long, env = "KINDRED_TRAINER")]
+    trainer: Option<TrainerKind>,
+    /// Built-in model.
+    #[arg(long, env = "KINDRED_MODEL")]
+    model: Option<ModelKind>,
+    /// Label shift of this node's task (concept-shift cluster).
+    #[arg(long, env = "KINDRED_LABEL_SHIFT")]
+    label_shift: Option<u8>,
+    /// Rotation of this node's digits in quarter turns (feature-shift cluster).
+    #[arg(long, env = "KINDRED_ROTATION")]
+    rotation: Option<u8>,
+    /// This node's shard of the training split.
+    #[arg(long, env = "KINDRED_SHARD")]
+    shard: Option<usize>,
+    /// Number of shards.
+    #[arg(long, env = "KINDRED_SHARDS")]
+    shards: Option<usize>,
+    /// Log format.
+    #[arg(long, env = "KINDRED_LOG_FORMAT")]
+    log_format: Option<LogFormat>,
+}
+
+impl Overrides {
+    fn apply(self, c: &mut NodeConfig) {
+        fn set<T>(dst: &mut T, v: Option<T>) {
+            if let Some(v) = v {
+                *dst = v;
+            }
+        }
+        set(&mut c.network, self.network);
+        if !self.listen.is_empty() {
+            c.listen = self.listen;
+        }
+        if !self.bootstrap.is_empty() {
+            c.bootstrap = self.bootstrap;
+        }
+        if self.swarm_key.is_some() {
+            c.swarm_key = self.swarm_key;
+        }
+        if self.api.is_some() {
+            c.api = self.api;
+        }
+        set(&mut c.round_secs, self.round_secs);
+        if self.rounds.is_some() {
+            c.rounds = self.rounds;
+        }
+        set(&mut c.partners, self.partners);
+        set(&mut c.log_format, self.log_format);
+        let t = &mut c.trainer;
+        set(&mut t.kind, self.trainer);
+        set(&mut t.model, self.model);
+        set(&mut t.label_shift, self.label_shift);
+        set(&mut t.rotation, self.rotation);
+        set(&mut t.shard, self.shard);
+        set(&mut t.shards, self.shards);
+    }
+}
+
+#[derive(Debug, Args)]
+struct InitArgs {
+    #[command(flatten)]
+    dir: DirArgs,
+    #[command(flatten)]
+    settings: Overrides,
+}
+
+#[derive(Debug, Args)]
+struct RunArgs {
+    #[command(flatten)]
+    dir: DirArgs,
+    #[command(flatten)]
+    settings: Overrides,
+}
+
+#[derive(Debug, Args)]
+struct StatusArgs {
+    #[command(flatten)]
+    dir: DirArgs,
+    /// The node's API address (default: from the data directory's kindred.toml).
+    #[arg(long)]
+    api: Option<SocketAddr>,
+    /// Print the raw JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct SwarmKeyArgs {
+    /// Where to write the key (refuses to overwrite).
+    #[arg(long, default_value = "swarm.key")]
+    out: PathBuf,
+}
+
+#[derive(Debug, Args)]
+struct DemoArgs {
+    /// Node processes.
+    #[arg(long, default_value_t = 16)]
+    nodes: usize,
+    /// Label-permutation clusters.
+    #[arg(long, default_value_t = 4)]
+    clusters: usize,
+    /// Rounds each node runs.
+    #[arg(long, default_value_t = 20)]
+    rounds: u64,
+    /// Round length in seconds.
+    #[arg(long, default_value_t = 3.0)]
+    round_secs: f64,
+    /// Seed (data split, model initialisation).
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Local SGD steps per round (batch 32). Each node holds only 1/N of the training digits, so
+    /// long local training overfits: the regime where learning with similar peers pays.
+    #[arg(long, default_value_t = 50)]
+    steps: usize,
+    /// Keep the nodes' data directories here (default: a fresh temporary directory, removed).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// End with one JSON line of the results.
+    #[arg(long)]
+    json: bool,
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,libp2p=warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
 
 fn main() -> anyhow::Result<()> {
-    let _cli = Cli::parse();
-    anyhow::bail!(
-        "this build of kindred has no node commands yet; `kindred --help` lists what it supports"
-    )
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Init(args) => init(args),
+        Command::Run(args) => run(args),
+        Command::Status(args) => status(args),
+        Command::SwarmKey(args) => swarm_key(args),
+        Command::Demo(args) => {
+            init_logging(LogFormat::Text);
+            let report = demo::run(DemoOptions {
+                nodes: args.nodes,
+                clusters: args.clusters,
+                rounds: args.rounds,
+                round_secs: args.round_secs,
+                seed: args.seed,
+                steps: args.steps,
+                dir: args.dir,
+                binary: std::env::current_exe()?,
+            })?;
+            demo::print(&report, args.json);
+            Ok(())
+        }
+    }
+}
+
+fn init(args: InitArgs) -> anyhow::Result<()> {
+    init_logging(LogFormat::Text);
+    let dir = args.dir.data_dir;
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut config = NodeConfig::load(&dir)?;
+    args.settings.apply(&mut config);
+    config.validate()?;
+    config.save(&dir)?;
+    let store = Store::open(&dir.join("store"))?;
+    let key = store.identity_or_create()?;
+    let peer = libp2p_identity::PublicKey::from(key.public()).to_peer_id();
+    tracing::info!(dir = %dir.display(), %peer, "initialised");
+    write_stdout(&format!("{peer}\n"))
+}
+
+fn run(args: RunArgs) -> anyhow::Result<()> {
+    let dir = args.dir.data_dir;
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut config = NodeConfig::load(&dir)?;
+    args.settings.apply(&mut config);
+    init_logging(config.log_format);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let (tx, rx) = watch::channel(false);
+        tokio::spawn(async move {
+            wait_for_signal().await;
+            tracing::info!("signal received: finishing");
+            let _ = tx.send(true);
+        });
+        kindred_node::run::run(config, dir, rx).await.map(|_| ())
+    })
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+fn status(args: StatusArgs) -> anyhow::Result<()> {
+    let api = match args.api {
+        Some(a) => a,
+        None => NodeConfig::load(&args.dir.data_dir)?
+            .api
+            .context("the node's config has no API address; pass --api")?,
+    };
+    let body = kindred_node::demo::http_get(api, "/v1/status")
+        .with_context(|| format!("is a node running with its API on {api}?"))?;
+    if args.json {
+        return write_stdout(&format!("{body}\n"));
+    }
+    let s: kindred_node::api::Status = serde_json::from_str(&body)?;
+    let last = s.history.last();
+    let text = format!(
+        "peer      {}\nround     {}\nconnected {}\nbanned    {}\naccuracy  {}\npartners  {}\nrejects   {:?}\n",
+        s.peer_id,
+        s.round.map_or("-".into(), |r| r.to_string()),
+        s.connected,
+        s.banned,
+        last.and_then(|r| r.accuracy)
+            .map_or("-".into(), |a| format!("{:.2}%", a * 100.0)),
+        last.map_or(0, |r| r.partners.len()),
+        s.rejects,
+    );
+    write_stdout(&text)
+}
+
+fn swarm_key(args: SwarmKeyArgs) -> anyhow::Result<()> {
+    use rand::RngCore;
+    let mut key = [0u8; 32];
+    rand::rng().fill_bytes(&mut key);
+    let text = format!("/key/swarm/psk/1.0.0/\n/base16/\n{}\n", hex::encode(key));
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&args.out)
+        .with_context(|| format!("creating {} (it must not exist yet)", args.out.display()))?;
+    std::io::Write::write_all(&mut file, text.as_bytes())?;
+    write_stdout(&format!(
+        "wrote {}: pass it to every node with --swarm-key\n",
+        args.out.display()
+    ))
+}
+
+#[allow(clippy::print_stdout)]
+fn write_stdout(s: &str) -> anyhow::Result<()> {
+    print!("{s}");
+    Ok(())
 }

@@ -13,8 +13,7 @@
 //! 3. **Nothing is updated in place.** A crash between steps leaves either the previous round's
 //!    state or the new one; unreferenced blobs and temp files are swept at the next open.
 //!
-//! sled holds the identity, the committed round, our own packet headers, the peer book and the
-//! replay high-water marks.
+//! sled holds the identity, the committed round and the index of our own packets.
 
 use std::fs::{self, File};
 use std::io::Write;
@@ -27,7 +26,6 @@ use rand::RngCore;
 const STATE: &str = "state";
 const HEADERS: &str = "headers";
 const BODIES: &str = "bodies";
-const PEERS: &str = "peers";
 
 const KEY_IDENTITY: &[u8] = b"identity";
 const KEY_ROUND: &[u8] = b"round";
@@ -117,7 +115,6 @@ pub struct Store {
     state: sled::Tree,
     headers: sled::Tree,
     bodies: sled::Tree,
-    peers: sled::Tree,
 }
 
 impl Store {
@@ -148,7 +145,6 @@ impl Store {
             state: tree(STATE)?,
             headers: tree(HEADERS)?,
             bodies: tree(BODIES)?,
-            peers: tree(PEERS)?,
             db,
         })
     }
@@ -323,31 +319,6 @@ impl Store {
             .try_into()
             .map_err(|_| StoreError::Corrupt("body index entry has the wrong length".into()))?;
         self.get_blob(&BlobId(blob)).map(Some)
-    }
-
-    /// Remember addresses of a peer (the peer book), as opaque bytes chosen by the caller.
-    ///
-    /// # Errors
-    /// A database error.
-    pub fn put_peer(&self, peer: &[u8], record: &[u8]) -> Result<(), StoreError> {
-        self.peers
-            .insert(peer, record)
-            .map_err(|e| self.db_err(e))?;
-        Ok(())
-    }
-
-    /// Every peer-book record.
-    ///
-    /// # Errors
-    /// A database error.
-    pub fn peers(&self) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StoreError> {
-        self.peers
-            .iter()
-            .map(|r| {
-                r.map(|(k, v)| (k.to_vec(), v.to_vec()))
-                    .map_err(|e| self.db_err(e))
-            })
-            .collect()
     }
 
     /// Delete our stored packets whose encoded header `keep` rejects, then every blob referenced

@@ -49,6 +49,7 @@ mod error;
 mod header;
 pub mod limits;
 mod payload;
+pub mod rpc;
 mod spec;
 mod varint;
 
@@ -61,6 +62,7 @@ pub use limits::*;
 pub use payload::{
     CompressionSummary, DenseValues, LayerPayload, PacketBody, PayloadKind, SignBits, TopK,
 };
+pub use rpc::{HeaderQuery, RequestId, RpcDecodeError, RpcRequest, RpcResponse};
 pub use spec::{DType, LayerSpec, ModelId, ModelSpec};
 
 /// A whole outcome packet in decoded form: a verified header and the body it commits to.

@@ -7,7 +7,57 @@
 //! as provider of its keys and looks up the same keys plus multi-probe neighbours. Similar updates
 //! share at least one band with high probability, and each probe costs one O(log N) lookup.
 //!
-//! This crate will own those semantic keys (pure functions), the libp2p `NetworkBehaviour`
-//! (Kademlia, identify, ping, and request-response for header and body fetches), peer scoring
-//! and bans, and the local `hnsw_rs` index of seen headers used to rank candidates by cosine.
-//! It does not train models or decide merge weights.
+//! Fetching is two-phase so that traffic follows the partners a node actually merges with: a
+//! provider is first asked for its small signed *headers*; they are verified, indexed in a local
+//! `hnsw_rs` graph and ranked by sketch cosine; only the best `m` *bodies* are then fetched, by id.
+//!
+//! # Layout
+//! - [`keys`]: semantic keys, multi-probe order and hot-key sharding. Pure functions, no libp2p
+//!   types, shared with the simulator.
+//! - [`RoutingCore`] ([`core`], [`lookup`], `serve`): the sans-IO state machine: announcing,
+//!   round lookups, verification, replay filtering ([`replay`]), peer scoring and bans
+//!   ([`scoring`]), the local index ([`index`]) and counters ([`metrics`]). Takes `now` and
+//!   inputs, returns [`Output`]s.
+//! - The libp2p layer: [`behaviour`] (kad + identify + ping + request-response + limits + ban
+//!   list), [`codec`] (framing with size limits), [`transport`] (TCP/memory, pnet, Noise, yamux).
+//! - The tokio driver: [`spawn`] returns a [`RoutingHandle`] (async `announce`,
+//!   `find_partners`, `dial`, `bootstrap`, `metrics`) and a bounded [`RoutingEvent`] stream.
+//!   Requests are served from the node's storage through [`store::PacketStore`].
+//!
+//! # Driving it from a node
+//! Per round: seal the packet, put it in the store, `announce(header)`, then
+//! `find_partners(PartnerQuery::new(header, margins, spec))`. The result holds ranked verified
+//! candidate headers and the verified bodies of the top `m` above the cosine gate, ready for
+//! synthesis. Persist [`RoutingCore::replay`] marks if replay protection must survive restarts.
+#![deny(clippy::indexing_slicing)]
+
+pub mod behaviour;
+pub mod codec;
+pub mod config;
+pub mod core;
+mod driver;
+mod handle;
+pub mod index;
+pub mod keys;
+pub mod lookup;
+pub mod metrics;
+pub mod replay;
+pub mod scoring;
+mod serve;
+pub mod store;
+pub mod transport;
+
+pub use config::{
+    ConnectionConfig, CoreConfig, KadConfig, KadMode, LookupConfig, RoutingConfig, TransportConfig,
+    TransportKind,
+};
+pub use core::{AnnounceError, AnnounceId, AnnounceReport, Output, RequestFailure, RoutingCore};
+pub use handle::{
+    BootstrapError, DialError, NodeInfo, RoutingEvent, RoutingHandle, SpawnError, spawn,
+};
+pub use keys::{KeyConfig, KeyContext, NetworkId, RoundWindow, SemanticKey};
+pub use lookup::{
+    Candidate, FetchedPacket, LookupError, LookupId, LookupStats, PartnerQuery, Partners,
+};
+pub use metrics::RoutingMetrics;
+pub use store::{MemoryStore, PacketStore};

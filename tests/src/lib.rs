@@ -1,6 +1,264 @@
 //! Cross-crate and multi-process tests for Kindred.
 //!
-//! Tests that span crates live here, in `tests/tests/`, with this library as their shared harness
-//! (the rust-libp2p `swarm-test` pattern): real `kindred` node processes on loopback, killed and
-//! restarted mid-round; hostile peers sending malformed, oversize and forged packets; private
-//! swarms with right and wrong keys. Single-crate behaviour is tested in its own crate.
+//! Tests that span crates live in `tests/tests/`; this library is their shared harness (the
+//! rust-libp2p `swarm-test` pattern): it starts real `kindred` node processes on loopback, each
+//! in its own data directory, talks to them through their local API, kills and restarts them.
+//!
+//! The `kindred` binary is the one `cargo test --workspace` builds next to the test binaries
+//! (`target/<profile>/kindred`), or the one named by `KINDRED_BIN`.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kindred_node::api::Status;
+use kindred_node::config::{NodeConfig, TrainerConfig};
+
+/// The `kindred` binary under test.
+///
+/// # Panics
+/// When it cannot be found: build it with `cargo build -p kindred-node`.
+pub fn kindred_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("KINDRED_BIN") {
+        return PathBuf::from(p);
+    }
+    // target/<profile>/deps/<test binary> → target/<profile>/kindred
+    let exe = std::env::current_exe().unwrap_or_default();
+    let candidate = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|d| d.join(format!("kindred{}", std::env::consts::EXE_SUFFIX)))
+        .unwrap_or_default();
+    assert!(
+        candidate.is_file(),
+        "kindred binary not found at {}: run `cargo build -p kindred-node` or set KINDRED_BIN",
+        candidate.display()
+    );
+    candidate
+}
+
+/// `n` distinct free loopback TCP ports.
+///
+/// # Panics
+/// When the OS has no free port.
+pub fn free_ports(n: usize) -> Vec<u16> {
+    let listeners: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("bind: {e}")))
+        .collect();
+    listeners
+        .iter()
+        .filter_map(|l| l.local_addr().ok())
+        .map(|a| a.port())
+        .collect()
+}
+
+/// A fresh, unique temporary directory, removed when dropped.
+#[derive(Debug)]
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    /// Create one named after `tag`.
+    ///
+    /// # Panics
+    /// When it cannot be created.
+    pub fn new(tag: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "kindred-test-{tag}-{}-{:x}",
+            std::process::id(),
+            rand::random::<u32>()
+        ));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+        Self(dir)
+    }
+
+    /// Its path.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if std::env::var_os("KINDRED_KEEP_TEST_DIRS").is_none() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+/// One `kindred run` process and its data directory.
+#[derive(Debug)]
+pub struct NodeProc {
+    /// Data directory.
+    pub dir: PathBuf,
+    /// Its local API.
+    pub api: SocketAddr,
+    /// Its libp2p listen address (without `/p2p`).
+    pub listen: String,
+    /// Its peer id (from `kindred init`).
+    pub peer: String,
+    child: Option<Child>,
+}
+
+impl NodeProc {
+    /// Initialise a node in `dir` with `config` (its `listen` and `api` are set here), without
+    /// starting it.
+    ///
+    /// # Panics
+    /// When `kindred init` fails.
+    pub fn init(dir: PathBuf, mut config: NodeConfig) -> Self {
+        let ports = free_ports(2);
+        let listen = format!("/ip4/127.0.0.1/tcp/{}", ports[0]);
+        let api = SocketAddr::from(([127, 0, 0, 1], ports[1]));
+        config.listen = vec![listen.clone()];
+        config.api = Some(api);
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+        config
+            .save(&dir)
+            .unwrap_or_else(|e| panic!("saving config: {e}"));
+        let out = Command::new(kindred_bin())
+            .args(["init", "--data-dir"])
+            .arg(&dir)
+            .env("RUST_LOG", "warn")
+            .output()
+            .unwrap_or_else(|e| panic!("running kindred init: {e}"));
+        assert!(
+            out.status.success(),
+            "kindred init: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let peer = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        Self {
+            dir,
+            api,
+            listen,
+            peer,
+            child: None,
+        }
+    }
+
+    /// The address other nodes bootstrap through.
+    pub fn bootstrap_addr(&self) -> String {
+        format!("{}/p2p/{}", self.listen, self.peer)
+    }
+
+    /// Start `kindred run` (logs appended to `node.log` in its directory).
+    ///
+    /// # Panics
+    /// When the process cannot be started or is already running.
+    pub fn start(&mut self) {
+        assert!(self.child.is_none(), "node already running");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("node.log"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let child = Command::new(kindred_bin())
+            .args(["run", "--data-dir"])
+            .arg(&self.dir)
+            .env("RUST_LOG", "info,libp2p=warn")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting kindred run: {e}"));
+        self.child = Some(child);
+    }
+
+    /// Its status, or `None` while the API is not up.
+    pub fn status(&self) -> Option<Status> {
+        let body = kindred_node::demo::http_get(self.api, "/v1/status").ok()?;
+        serde_json::from_str(&body).ok()
+    }
+
+    /// Its Prometheus metrics text, or `None` while the API is not up.
+    pub fn metrics(&self) -> Option<String> {
+        kindred_node::demo::http_get(self.api, "/metrics").ok()
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// `kill -9`: no chance to clean up.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM, then wait up to `timeout` for a clean exit; returns the exit code.
+    ///
+    /// # Panics
+    /// When the node does not exit in time (it is then killed).
+    pub fn terminate(&mut self, timeout: Duration) -> Option<i32> {
+        let mut child = self.child.take()?;
+        let pid = child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return status.code();
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "node {} did not exit within {timeout:?} of SIGTERM",
+                    self.peer
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The node's log so far (for failure messages).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("node.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for NodeProc {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// Poll `f` every 200 ms until it returns `Some` or `timeout` passes.
+pub fn wait_for<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// A config for a test node: label-permutation cluster `cluster`, shard `shard` of `shards`,
+/// short rounds.
+pub fn node_config(
+    network: &str,
+    cluster: u8,
+    shard: usize,
+    shards: usize,
+    round_secs: f64,
+) -> NodeConfig {
+    NodeConfig {
+        network: network.to_string(),
+        round_secs,
+        trainer: TrainerConfig {
+            label_shift: cluster,
+            shard,
+            shards,
+            ..TrainerConfig::default()
+        },
+        ..NodeConfig::default()
+    }
+}

@@ -1,0 +1,227 @@
+//! The update embedding that routing keys on and ranks by.
+//!
+//! An update is turned into a short, comparable fingerprint in four steps:
+//!
+//! 1. **Centre** it by a running mean of accepted peer updates, so the component every update
+//!    shares (the common descent direction) does not make all nodes look alike;
+//! 2. **L2-normalise each layer**, so one large or loud layer does not decide similarity alone;
+//! 3. **Count-sketch** the concatenation into `sketch_dim` buckets with the network-wide seed,
+//!    which preserves inner products (and so cosines) in expectation;
+//! 4. **SimHash** the sketch into 256 bits by seeded Gaussian hyperplanes (routing's LSH bands),
+//!    keeping each bit's margin for multi-probe, and quantise the sketch to int8 for exact cosine
+//!    re-ranking of candidates.
+//!
+//! Count-sketch is linear, so steps 1-3 are one pass per layer: each layer is sketched (centred on
+//! the fly) into scratch buckets, which are added to the total scaled by `1/‖layer‖`. Nothing here
+//! needs anything but the update, the mean and an [`Embedder`], so the simulator can embed
+//! thousands of virtual nodes' updates with one shared `Embedder`.
+
+use kindred_kernels::{
+    Backend, CountSketch, Kernels, Rounding, SIMHASH_BITS, SimHasher, SketchError,
+};
+use kindred_proto::{Embedding, MAX_SKETCH_LEN, SimHash};
+
+use crate::error::{ConfigError, EmbedError};
+use crate::layout::Layout;
+
+/// Network-wide embedding parameters: every node of a network must use the same values, or their
+/// embeddings are not comparable.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EmbeddingConfig {
+    /// Seed of the count-sketch hashes and SimHash hyperplanes. Default 0x6b696e64 ("kind").
+    pub seed: u64,
+    /// Buckets of the count-sketch, which is also the length of the int8 sketch carried in the
+    /// header (1..=[`MAX_SKETCH_LEN`]). Default 512.
+    pub sketch_dim: usize,
+    /// Centre updates by the running mean of accepted peer updates. Default `true`.
+    pub center: bool,
+    /// Weight of the past in the running mean once it has seen `1 / (1 − decay)` updates (before
+    /// that it is the plain average of what it has seen). Default 0.99.
+    pub mean_decay: f32,
+}
+
+impl Default for EmbeddingConfig {
+    fn default() -> Self {
+        Self {
+            seed: 0x6b69_6e64,
+            sketch_dim: 512,
+            center: true,
+            mean_decay: 0.99,
+        }
+    }
+}
+
+impl EmbeddingConfig {
+    /// Check that every field is in range.
+    ///
+    /// # Errors
+    /// [`ConfigError::Embedding`] naming the first bad field.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.sketch_dim == 0 || self.sketch_dim > MAX_SKETCH_LEN {
+            return Err(ConfigError::Embedding {
+                field: "sketch_dim",
+                reason: "must be in 1..=MAX_SKETCH_LEN",
+            });
+        }
+        if !(self.mean_decay.is_finite() && (0.0..1.0).contains(&self.mean_decay)) {
+            return Err(ConfigError::Embedding {
+                field: "mean_decay",
+                reason: "must be in [0, 1)",
+            });
+        }
+        Ok(())
+    }
+}
+
+/// An update's embedding and the margins of its SimHash bits.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Embedded {
+    /// The embedding for the packet header.
+    pub embedding: Embedding,
+    /// `|projection| / ‖sketch‖` per SimHash bit (256 values): routing's multi-probe flips the
+    /// lowest-margin bits first.
+    pub margins: [f32; SIMHASH_BITS],
+}
+
+/// Computes embeddings: the configuration plus the SimHash hyperplanes drawn from it.
+///
+/// ```
+/// use kindred_distill::{Embedder, EmbeddingConfig, Layout};
+/// use kindred_proto::{DType, LayerSpec, ModelSpec};
+/// let spec = ModelSpec::new(vec![LayerSpec::new("w", [64, 64], DType::F32)])?;
+/// let embedder = Embedder::new(EmbeddingConfig::default())?;
+/// let layout = Layout::new(&spec);
+/// let update: Vec<f32> = (0..4096).map(|i| (i as f32 * 0.37).sin()).collect();
+/// let a = embedder.embed(&layout, &update, None)?;
+/// let twice: Vec<f32> = update.iter().map(|x| 2.0 * x).collect();
+/// let b = embedder.embed(&layout, &twice, None)?;
+/// assert_eq!(a.embedding.simhash, b.embedding.simhash); // per-layer normalised
+/// assert!(a.embedding.cosine(&b.embedding) > 0.999);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct Embedder {
+    config: EmbeddingConfig,
+    sketch: CountSketch,
+    hasher: SimHasher,
+    backend: Backend,
+}
+
+impl Embedder {
+    /// Draw the hyperplanes for `config` (about a millisecond; share one `Embedder` per network).
+    ///
+    /// # Errors
+    /// [`ConfigError`] when the configuration is out of range.
+    pub fn new(config: EmbeddingConfig) -> Result<Self, ConfigError> {
+        config.validate()?;
+        Ok(Self {
+            config,
+            sketch: CountSketch {
+                seed: config.seed,
+                buckets: config.sketch_dim,
+            },
+            hasher: SimHasher::new(config.seed, config.sketch_dim)?,
+            backend: Backend::cpu(),
+        })
+    }
+
+    /// Use another kernel backend.
+    pub fn with_backend(mut self, backend: Backend) -> Self {
+        self.backend = backend;
+        self
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EmbeddingConfig {
+        &self.config
+    }
+
+    /// Embed `update` (laid out by `layout`), centred by `mean` when given and
+    /// [`EmbeddingConfig::center`] is set. Also validates the update: this is the first thing
+    /// [`crate::Distiller::distill`] runs.
+    ///
+    /// # Errors
+    /// [`EmbedError`] on a length mismatch or a non-finite value.
+    pub fn embed(
+        &self,
+        layout: &Layout,
+        update: &[f32],
+        mean: Option<&[f32]>,
+    ) -> Result<Embedded, EmbedError> {
+        let expected = layout.len();
+        if update.len() != expected {
+            return Err(EmbedError::Length {
+                expected,
+                found: update.len(),
+            });
+        }
+        let mean = match mean {
+            Some(m) if self.config.center => {
+                if m.len() != expected {
+                    return Err(EmbedError::Length {
+                        expected,
+                        found: m.len(),
+                    });
+                }
+                Some(m)
+            }
+            _ => None,
+        };
+        let dim = self.config.sketch_dim;
+        let mut total = vec![0f32; dim];
+        let mut scratch = vec![0f32; dim];
+        for (layer, range) in layout.ranges().enumerate() {
+            let x = update.get(range.clone()).unwrap_or_default();
+            let c = mean.and_then(|m| m.get(range.clone()));
+            scratch.fill(0.0);
+            let sum_sq = self
+                .backend
+                .count_sketch(&self.sketch, x, c, range.start as u64, &mut scratch)
+                .map_err(|e| match e {
+                    SketchError::NonFinite { index, value } => EmbedError::NonFinite {
+                        layer,
+                        index,
+                        value,
+                    },
+                    source => EmbedError::Sketch { layer, source },
+                })?;
+            add_normalised(&mut total, &scratch, sum_sq);
+        }
+        self.finish(&total)
+    }
+
+    /// The count-sketch parameters (for fused passes that sketch while they accumulate).
+    pub(crate) fn sketch(&self) -> &CountSketch {
+        &self.sketch
+    }
+
+    /// SimHash and int8-quantise a finished sketch (the sum of per-layer normalised sketches).
+    pub(crate) fn finish(&self, total: &[f32]) -> Result<Embedded, EmbedError> {
+        let dim = self.config.sketch_dim;
+        let hash = self.hasher.hash(total).map_err(EmbedError::SimHash)?;
+        let mut sketch = vec![0i8; dim];
+        let sketch_scale = self
+            .backend
+            .quantize_i8(total, Rounding::Nearest, &mut sketch)
+            .map_err(EmbedError::Quantize)?;
+        Ok(Embedded {
+            embedding: Embedding {
+                simhash: SimHash(hash.bits),
+                sketch,
+                sketch_scale,
+            },
+            margins: hash.margins,
+        })
+    }
+}
+
+/// `total += layer / sqrt(sum_sq)`: one layer's sketch, L2-normalised (skipped for an all-zero
+/// layer).
+pub(crate) fn add_normalised(total: &mut [f32], layer: &[f32], sum_sq: f64) {
+    if sum_sq > 0.0 && sum_sq.is_finite() {
+        let inv = (1.0 / sum_sq.sqrt()) as f32;
+        for (t, s) in total.iter_mut().zip(layer) {
+            *t += s * inv;
+        }
+    }
+}

@@ -1,0 +1,236 @@
+//! Crash-safe persistence of a distiller's state.
+//!
+//! A node killed between rounds must restart with the same residuals (or the mass they hold is
+//! lost for good), the same round counter (the warm-up schedule and replay marks depend on it) and
+//! the same running mean (or its embeddings jump). [`DistillerState`] is that state as a plain
+//! serde value; [`DistillerState::to_bytes`] / [`DistillerState::from_bytes`] give it a compact,
+//! versioned, checksummed encoding:
+//!
+//! `postcard(WireState) ‖ blake3(postcard bytes)`, where the vectors are raw little-endian f32
+//! byte strings.
+//!
+//! Decoding treats the bytes as untrusted (a torn write, a bad disk): it bounds the total size by
+//! what a state for *this* spec can take before parsing, checks the checksum, parses into borrowed
+//! slices (no allocation), checks version, model id and every length against the spec, and only
+//! then allocates and converts, rejecting NaN and infinities. The node writes these bytes
+//! atomically (temp + fsync + rename); this module only makes sure that whatever it reads back is
+//! either exactly what was written or a typed error.
+
+use kindred_proto::{ModelId, ModelSpec};
+use serde::{Deserialize, Serialize};
+
+use crate::distiller::Distiller;
+use crate::error::RestoreError;
+
+/// Format version of [`DistillerState::to_bytes`].
+pub const STATE_VERSION: u16 = 1;
+
+const CHECKSUM_LEN: usize = 32;
+/// Bytes of everything but the two vectors, generously (version, id, counters, length varints).
+const FIXED_MAX: usize = 128;
+
+/// Everything a [`Distiller`] must carry across a restart.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DistillerState {
+    /// The model the residuals belong to.
+    pub model: ModelId,
+    /// The next round to distill.
+    pub round: u64,
+    /// Error-feedback residual, flat in model order.
+    pub residual: Vec<f32>,
+    /// Running mean of accepted peer updates, flat in model order; empty if none was accepted.
+    pub mean: Vec<f32>,
+    /// Peer updates folded into the mean.
+    pub mean_count: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+struct WireState<'a> {
+    version: u16,
+    model: [u8; 32],
+    round: u64,
+    mean_count: u64,
+    residual: &'a [u8],
+    mean: &'a [u8],
+}
+
+fn le_bytes(v: &[f32]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(v.len() * 4);
+    for x in v {
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out
+}
+
+fn from_le(what: &'static str, bytes: &[u8]) -> Result<Vec<f32>, RestoreError> {
+    let mut out = Vec::with_capacity(bytes.len() / 4);
+    for (index, c) in bytes.chunks_exact(4).enumerate() {
+        let v = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        if !v.is_finite() {
+            return Err(RestoreError::NonFinite { what, index });
+        }
+        out.push(v);
+    }
+    Ok(out)
+}
+
+impl DistillerState {
+    /// Encode: versioned, checksummed, vectors as raw little-endian f32.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let residual = le_bytes(&self.residual);
+        let mean = le_bytes(&self.mean);
+        let wire = WireState {
+            version: STATE_VERSION,
+            model: self.model.0,
+            round: self.round,
+            mean_count: self.mean_count,
+            residual: &residual,
+            mean: &mean,
+        };
+        let mut out = Vec::with_capacity(residual.len() + mean.len() + FIXED_MAX);
+        // Serialising plain fields into a Vec fails only on allocation failure, which aborts.
+        out = postcard::to_extend(&wire, out).unwrap_or_default();
+        let sum = blake3::hash(&out);
+        out.extend_from_slice(sum.as_bytes());
+        out
+    }
+
+    /// Decode bytes written by [`DistillerState::to_bytes`] for a model with this `spec`.
+    ///
+    /// # Errors
+    /// [`RestoreError`] for oversized, corrupted, truncated, foreign or malformed bytes.
+    pub fn from_bytes(bytes: &[u8], spec: &ModelSpec) -> Result<Self, RestoreError> {
+        let numel = usize::try_from(spec.numel()).unwrap_or(usize::MAX);
+        let vector_bytes = numel.saturating_mul(4);
+        let max = vector_bytes
+            .saturating_mul(2)
+            .saturating_add(FIXED_MAX + CHECKSUM_LEN);
+        if bytes.len() > max {
+            return Err(RestoreError::Oversize {
+                len: bytes.len(),
+                max,
+            });
+        }
+        let Some(split) = bytes.len().checked_sub(CHECKSUM_LEN) else {
+            return Err(RestoreError::Checksum);
+        };
+        let (payload, sum) = bytes.split_at(split);
+        if blake3::hash(payload).as_bytes() != sum {
+            return Err(RestoreError::Checksum);
+        }
+        let (wire, rest) = postcard::take_from_bytes::<WireState<'_>>(payload)
+            .map_err(|_| RestoreError::Malformed("not a distiller state"))?;
+        if !rest.is_empty() {
+            return Err(RestoreError::Malformed("trailing bytes"));
+        }
+        if wire.version != STATE_VERSION {
+            return Err(RestoreError::Version {
+                found: wire.version,
+                supported: STATE_VERSION,
+            });
+        }
+        if wire.model != spec.id().0 {
+            return Err(RestoreError::ModelMismatch);
+        }
+        if wire.residual.len() != vector_bytes {
+            return Err(RestoreError::Length {
+                what: "residual",
+                expected: vector_bytes,
+                found: wire.residual.len(),
+            });
+        }
+        let mean_ok = if wire.mean_count == 0 {
+            wire.mean.is_empty()
+        } else {
+            wire.mean.len() == vector_bytes
+        };
+        if !mean_ok {
+            return Err(RestoreError::Length {
+                what: "mean",
+                expected: if wire.mean_count == 0 {
+                    0
+                } else {
+                    vector_bytes
+                },
+                found: wire.mean.len(),
+            });
+        }
+        Ok(Self {
+            model: ModelId(wire.model),
+            round: wire.round,
+            residual: from_le("residual", wire.residual)?,
+            mean: from_le("mean", wire.mean)?,
+            mean_count: wire.mean_count,
+        })
+    }
+}
+
+impl Distiller {
+    /// A snapshot of the state to persist.
+    pub fn state(&self) -> DistillerState {
+        DistillerState {
+            model: self.spec.id(),
+            round: self.round,
+            residual: self.residual.clone(),
+            mean: if self.mean_count > 0 {
+                self.mean.clone()
+            } else {
+                Vec::new()
+            },
+            mean_count: self.mean_count,
+        }
+    }
+
+    /// Replace this distiller's state with a saved one, after checking it belongs to this spec.
+    /// On error nothing changes.
+    ///
+    /// ```
+    /// use kindred_distill::{Distiller, DistillerState, EmbeddingConfig, Policy};
+    /// use kindred_proto::{DType, LayerSpec, ModelSpec};
+    /// let spec = ModelSpec::new(vec![LayerSpec::new("w", [50, 50], DType::F32)])?;
+    /// let mut a = Distiller::new(spec.clone(), Policy::default(), EmbeddingConfig::default())?;
+    /// let _ = a.distill(&vec![0.01; 2500])?;
+    /// let bytes = a.state().to_bytes();
+    ///
+    /// let mut b = Distiller::new(spec.clone(), Policy::default(), EmbeddingConfig::default())?;
+    /// b.restore(DistillerState::from_bytes(&bytes, &spec)?)?;
+    /// assert_eq!(b.round(), 1);
+    /// assert_eq!(b.residual(), a.residual());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`RestoreError`] when the state is for another model, a vector has the wrong length, or a
+    /// value is not finite.
+    pub fn restore(&mut self, state: DistillerState) -> Result<(), RestoreError> {
+        if state.model != self.spec.id() {
+            return Err(RestoreError::ModelMismatch);
+        }
+        let n = self.layout.len();
+        if state.residual.len() != n {
+            return Err(RestoreError::Length {
+                what: "residual",
+                expected: n * 4,
+                found: state.residual.len() * 4,
+            });
+        }
+        let mean_len = if state.mean_count == 0 { 0 } else { n };
+        if state.mean.len() != mean_len {
+            return Err(RestoreError::Length {
+                what: "mean",
+                expected: mean_len * 4,
+                found: state.mean.len() * 4,
+            });
+        }
+        for (what, v) in [("residual", &state.residual), ("mean", &state.mean)] {
+            if let Some(index) = v.iter().position(|x| !x.is_finite()) {
+                return Err(RestoreError::NonFinite { what, index });
+            }
+        }
+        self.round = state.round;
+        self.residual = state.residual;
+        self.mean = state.mean;
+        self.mean_count = state.mean_count;
+        Ok(())
+    }
+}

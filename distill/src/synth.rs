@@ -1,0 +1,401 @@
+//! Synthesis: the robust merge of a node's own update with its most similar peers' updates.
+//!
+//! Peers were chosen by embedding similarity, but a header can lie and a body can be poisoned, so
+//! the merge re-checks every peer on the decoded update itself, against the node's own update:
+//!
+//! 1. **Validity**: the right length, finite values, a positive sample count, a non-zero norm.
+//! 2. **Norm**: the reference norm is the lower median of the norms of the own update and all
+//!    peers (the node's own update counts, so one scaled peer can never move the reference). A
+//!    peer above `reject_norm_ratio ×` the reference is *rejected* (a ×100 scaled update is);
+//!    one above `clip_norm_ratio ×` is scaled down to that norm.
+//! 3. **Cosine gate**: the exact cosine between the peer's and the node's own update must reach
+//!    `min_cosine`; a sign-flipped or unrelated update is rejected.
+//! 4. **Merge** of the own update and the accepted peers: a weighted mean with weight
+//!    `samples × cosine^similarity_power` (the own update has cosine 1), or a coordinate-wise
+//!    trimmed mean that discards the extremes of every coordinate.
+//!
+//! Each peer gets a [`Verdict`] saying why it was accepted or rejected, so the node can count
+//! rejects by reason. Synthesis is a pure function: it never touches a [`crate::Distiller`]'s
+//! residuals, so merged results never feed back into anyone's error feedback.
+
+use crate::error::SynthError;
+
+/// A dense update and the training samples behind it: the node's own, or a peer's.
+#[derive(Debug, Clone, Copy)]
+pub struct UpdateRef<'a> {
+    /// The dense update, flat in model order (a peer's from [`crate::decode`]).
+    pub update: &'a [f32],
+    /// Training samples behind it (a peer's from its packet header).
+    pub samples: u64,
+}
+
+/// How the accepted updates are combined.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum MergeRule {
+    /// Weighted mean, weights `samples × cosine^similarity_power`.
+    WeightedMean,
+    /// Per coordinate, drop the `trim` fraction of smallest and of largest values (rounded down)
+    /// and average the rest, unweighted.
+    TrimmedMean {
+        /// Fraction trimmed from each end, in `[0, 0.5)`.
+        trim: f32,
+    },
+}
+
+/// Synthesis parameters. [`SynthConfig::default`] documents the defaults.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SynthConfig {
+    /// Peers whose exact cosine with the own update is below this are rejected. Default 0.0
+    /// (anything pointing away from the own update).
+    pub min_cosine: f32,
+    /// Peers with a norm above this multiple of the reference norm are scaled down to it.
+    /// Default 2.
+    pub clip_norm_ratio: f32,
+    /// Peers with a norm above this multiple of the reference norm are rejected. Default 10.
+    pub reject_norm_ratio: f32,
+    /// Exponent of the cosine in the weights. Default 1.
+    pub similarity_power: f32,
+    /// The merge rule. Default [`MergeRule::WeightedMean`].
+    pub rule: MergeRule,
+}
+
+impl Default for SynthConfig {
+    fn default() -> Self {
+        Self {
+            min_cosine: 0.0,
+            clip_norm_ratio: 2.0,
+            reject_norm_ratio: 10.0,
+            similarity_power: 1.0,
+            rule: MergeRule::WeightedMean,
+        }
+    }
+}
+
+/// Why a peer update was rejected.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub enum Rejection {
+    /// Its length is not the own update's.
+    Length {
+        /// Own update length.
+        expected: usize,
+        /// Peer update length.
+        found: usize,
+    },
+    /// It holds a NaN or an infinity.
+    NonFinite {
+        /// First offending position.
+        index: usize,
+    },
+    /// It claims zero training samples.
+    NoSamples,
+    /// It is all zero.
+    ZeroNorm,
+    /// Its norm is too far above the reference.
+    NormTooLarge {
+        /// Peer norm / reference norm.
+        ratio: f32,
+    },
+    /// It points away from the own update.
+    CosineBelowGate {
+        /// Its cosine with the own update.
+        cosine: f32,
+    },
+}
+
+impl Rejection {
+    /// A stable, low-cardinality label for metrics (`rejects_total{reason=…}`).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Length { .. } => "length",
+            Self::NonFinite { .. } => "non_finite",
+            Self::NoSamples => "no_samples",
+            Self::ZeroNorm => "zero_norm",
+            Self::NormTooLarge { .. } => "norm",
+            Self::CosineBelowGate { .. } => "cosine",
+        }
+    }
+}
+
+/// What happened to one peer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Verdict {
+    /// Merged.
+    Accepted {
+        /// Its exact cosine with the own update.
+        cosine: f32,
+        /// Its share of the weighted mean (0 under a trimmed mean).
+        weight: f32,
+        /// Whether its norm was clipped.
+        clipped: bool,
+    },
+    /// Not merged.
+    Rejected(Rejection),
+}
+
+impl Verdict {
+    /// Whether the peer was merged.
+    pub fn is_accepted(&self) -> bool {
+        matches!(self, Self::Accepted { .. })
+    }
+}
+
+/// The merged update and a verdict per peer.
+#[derive(Debug, Clone, PartialEq)]
+#[must_use]
+pub struct Synthesis {
+    /// The merged update, flat in model order.
+    pub merged: Vec<f32>,
+    /// One verdict per peer, in the order given.
+    pub verdicts: Vec<Verdict>,
+    /// Peers merged.
+    pub accepted: usize,
+    /// The reference norm peers were compared against.
+    pub reference_norm: f32,
+}
+
+impl Synthesis {
+    /// Rejections counted by [`Rejection::reason`], in first-seen order.
+    pub fn rejects_by_reason(&self) -> Vec<(&'static str, usize)> {
+        let mut counts: Vec<(&'static str, usize)> = Vec::new();
+        for v in &self.verdicts {
+            if let Verdict::Rejected(r) = v {
+                match counts.iter_mut().find(|(reason, _)| *reason == r.reason()) {
+                    Some((_, n)) => *n += 1,
+                    None => counts.push((r.reason(), 1)),
+                }
+            }
+        }
+        counts
+    }
+}
+
+fn norm(v: &[f32]) -> f64 {
+    v.iter()
+        .map(|&x| f64::from(x) * f64::from(x))
+        .sum::<f64>()
+        .sqrt()
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f64 {
+    a.iter()
+        .zip(b)
+        .map(|(&x, &y)| f64::from(x) * f64::from(y))
+        .sum()
+}
+
+/// Merge the node's `own` update with `peers` under `config`.
+///
+/// ```
+/// use kindred_distill::{synthesize, SynthConfig, UpdateRef};
+/// let own = [1.0f32, 0.0, 1.0];
+/// let good = [1.0f32, 0.2, 0.8];
+/// let scaled: Vec<f32> = good.iter().map(|x| x * 100.0).collect();
+/// let flipped: Vec<f32> = good.iter().map(|x| -x).collect();
+/// let peers = [
+///     UpdateRef { update: &good, samples: 10 },
+///     UpdateRef { update: &scaled, samples: 10 },
+///     UpdateRef { update: &flipped, samples: 10 },
+/// ];
+/// let own = UpdateRef { update: &own, samples: 10 };
+/// let out = synthesize(own, &peers, &SynthConfig::default())?;
+/// assert!(out.verdicts[0].is_accepted());
+/// assert!(!out.verdicts[1].is_accepted());
+/// assert!(!out.verdicts[2].is_accepted());
+/// assert_eq!(out.accepted, 1);
+/// # Ok::<(), kindred_distill::SynthError>(())
+/// ```
+///
+/// # Errors
+/// [`SynthError`] when the own update is not finite or the configuration is out of range;
+/// problems with peers are verdicts, not errors.
+pub fn synthesize(
+    own: UpdateRef<'_>,
+    peers: &[UpdateRef<'_>],
+    config: &SynthConfig,
+) -> Result<Synthesis, SynthError> {
+    validate(config)?;
+    let own_samples = own.samples;
+    let own = own.update;
+    if let Some(index) = own.iter().position(|v| !v.is_finite()) {
+        return Err(SynthError::OwnNonFinite { index });
+    }
+    let own_norm = norm(own);
+
+    // Pass 1: validity and norms.
+    let mut verdicts: Vec<Option<Verdict>> = Vec::with_capacity(peers.len());
+    let mut norms = Vec::with_capacity(peers.len());
+    for p in peers {
+        let reject = |r| Some(Verdict::Rejected(r));
+        let v = if p.update.len() != own.len() {
+            reject(Rejection::Length {
+                expected: own.len(),
+                found: p.update.len(),
+            })
+        } else if let Some(index) = p.update.iter().position(|v| !v.is_finite()) {
+            reject(Rejection::NonFinite { index })
+        } else if p.samples == 0 {
+            reject(Rejection::NoSamples)
+        } else {
+            None
+        };
+        let n = if v.is_none() { norm(p.update) } else { 0.0 };
+        let v = if v.is_none() && n == 0.0 {
+            reject(Rejection::ZeroNorm)
+        } else {
+            v
+        };
+        verdicts.push(v);
+        norms.push(n);
+    }
+
+    // Reference norm: lower median of the own norm and the valid peers' norms.
+    let mut pool: Vec<f64> = std::iter::once(own_norm)
+        .chain(
+            norms
+                .iter()
+                .zip(&verdicts)
+                .filter(|(_, v)| v.is_none())
+                .map(|(&n, _)| n),
+        )
+        .collect();
+    pool.sort_by(f64::total_cmp);
+    let reference = pool.get((pool.len() - 1) / 2).copied().unwrap_or(own_norm);
+
+    // Pass 2: norm rule and cosine gate.
+    let mut accepted: Vec<(usize, f64, f32)> = Vec::new(); // (peer, scale, cosine)
+    for (i, (p, (v, &n))) in peers
+        .iter()
+        .zip(verdicts.iter_mut().zip(&norms))
+        .enumerate()
+    {
+        if v.is_some() {
+            continue;
+        }
+        let ratio = if reference > 0.0 {
+            n / reference
+        } else {
+            f64::INFINITY
+        };
+        if ratio > f64::from(config.reject_norm_ratio) {
+            *v = Some(Verdict::Rejected(Rejection::NormTooLarge {
+                ratio: ratio as f32,
+            }));
+            continue;
+        }
+        let cosine = if own_norm > 0.0 {
+            (dot(own, p.update) / (own_norm * n)) as f32
+        } else {
+            // Nothing to compare with: trust the norm check alone.
+            1.0
+        };
+        if cosine < config.min_cosine {
+            *v = Some(Verdict::Rejected(Rejection::CosineBelowGate { cosine }));
+            continue;
+        }
+        let clip = f64::from(config.clip_norm_ratio) * reference;
+        let (scale, clipped) = if n > clip {
+            (clip / n, true)
+        } else {
+            (1.0, false)
+        };
+        *v = Some(Verdict::Accepted {
+            cosine,
+            weight: 0.0,
+            clipped,
+        });
+        accepted.push((i, scale, cosine));
+    }
+
+    let merged = match config.rule {
+        MergeRule::WeightedMean => {
+            let own_w = own_samples.max(1) as f64;
+            let weights: Vec<f64> = accepted
+                .iter()
+                .map(|&(i, _, c)| {
+                    let samples = peers.get(i).map_or(0, |p| p.samples) as f64;
+                    samples * f64::from(c.max(0.0)).powf(f64::from(config.similarity_power))
+                })
+                .collect();
+            let total = own_w + weights.iter().sum::<f64>();
+            for (&(i, _, _), &w) in accepted.iter().zip(&weights) {
+                if let Some(Some(Verdict::Accepted { weight, .. })) = verdicts.get_mut(i) {
+                    *weight = (w / total) as f32;
+                }
+            }
+            let mut acc: Vec<f64> = own.iter().map(|&x| f64::from(x) * own_w).collect();
+            for (&(i, scale, _), &w) in accepted.iter().zip(&weights) {
+                let f = w * scale;
+                for (a, &x) in acc
+                    .iter_mut()
+                    .zip(peers.get(i).map_or(&[][..], |p| p.update))
+                {
+                    *a += f * f64::from(x);
+                }
+            }
+            acc.iter().map(|&a| (a / total) as f32).collect()
+        }
+        MergeRule::TrimmedMean { trim } => {
+            let rows: Vec<(&[f32], f32)> =
+                std::iter::once((own, 1.0f32))
+                    .chain(accepted.iter().filter_map(|&(i, scale, _)| {
+                        peers.get(i).map(|p| (p.update, scale as f32))
+                    }))
+                    .collect();
+            let m = rows.len();
+            let cut = ((m as f32 * trim).floor() as usize).min((m - 1) / 2);
+            let keep = (m - 2 * cut) as f32;
+            let mut column = vec![0f32; m];
+            (0..own.len())
+                .map(|j| {
+                    for (c, (row, scale)) in column.iter_mut().zip(&rows) {
+                        *c = row.get(j).copied().unwrap_or(0.0) * scale;
+                    }
+                    column.sort_by(f32::total_cmp);
+                    column.iter().skip(cut).take(m - 2 * cut).sum::<f32>() / keep
+                })
+                .collect()
+        }
+    };
+
+    let verdicts: Vec<Verdict> = verdicts
+        .into_iter()
+        .map(|v| v.unwrap_or(Verdict::Rejected(Rejection::ZeroNorm)))
+        .collect();
+    let n_accepted = accepted.len();
+    tracing::debug!(
+        peers = peers.len(),
+        accepted = n_accepted,
+        reference_norm = reference,
+        "synthesized update"
+    );
+    Ok(Synthesis {
+        merged,
+        verdicts,
+        accepted: n_accepted,
+        reference_norm: reference as f32,
+    })
+}
+
+fn validate(config: &SynthConfig) -> Result<(), SynthError> {
+    let bad = |field, reason| Err(SynthError::Config { field, reason });
+    if !(config.min_cosine.is_finite() && (-1.0..=1.0).contains(&config.min_cosine)) {
+        return bad("min_cosine", "must be in [-1, 1]");
+    }
+    if !(config.clip_norm_ratio.is_finite() && config.clip_norm_ratio > 0.0) {
+        return bad("clip_norm_ratio", "must be positive");
+    }
+    if !(config.reject_norm_ratio.is_finite() && config.reject_norm_ratio >= config.clip_norm_ratio)
+    {
+        return bad("reject_norm_ratio", "must be at least clip_norm_ratio");
+    }
+    if !(config.similarity_power.is_finite() && config.similarity_power >= 0.0) {
+        return bad("similarity_power", "must be non-negative");
+    }
+    if let MergeRule::TrimmedMean { trim } = config.rule {
+        if !(trim.is_finite() && (0.0..0.5).contains(&trim)) {
+            return bad("rule", "trim must be in [0, 0.5)");
+        }
+    }
+    Ok(())
+}

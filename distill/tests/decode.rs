@@ -1,0 +1,109 @@
+//! Decoding rejects bodies that do not fit the spec, with the layer that is wrong.
+
+#![allow(clippy::unwrap_used)]
+
+use half::f16;
+use kindred_distill::{DecodeError, decode};
+use kindred_proto::{
+    DType, DenseValues, LayerPayload, LayerSpec, ModelSpec, PacketBody, SignBits, TopK,
+};
+
+fn spec() -> ModelSpec {
+    ModelSpec::new(vec![
+        LayerSpec::new("a", [4], DType::F32),
+        LayerSpec::new("b", [70], DType::F32),
+    ])
+    .unwrap()
+}
+
+fn sign(len: u32) -> LayerPayload {
+    LayerPayload::Sign(SignBits {
+        len,
+        words: (0..(len as usize).div_ceil(64))
+            .map(|w| if w == 0 { 0b101 } else { 0 })
+            .collect(),
+        scale: 0.5,
+    })
+}
+
+fn dense(v: Vec<f32>) -> LayerPayload {
+    LayerPayload::Dense(DenseValues::F16(v.into_iter().map(f16::from_f32).collect()))
+}
+
+#[test]
+fn decodes_every_encoding() {
+    let body = PacketBody {
+        layers: vec![dense(vec![1.0, -2.0, 0.5, 0.0]), sign(70)],
+    };
+    let out = decode(&body, &spec()).unwrap();
+    assert_eq!(&out[..4], &[1.0, -2.0, 0.5, 0.0]);
+    assert_eq!(&out[4..7], &[-0.5, 0.5, -0.5]);
+    assert!(out[7..].iter().all(|&v| v == 0.5));
+}
+
+#[test]
+fn mismatches_are_typed() {
+    let s = spec();
+    let one = PacketBody {
+        layers: vec![dense(vec![0.0; 4])],
+    };
+    assert_eq!(
+        decode(&one, &s),
+        Err(DecodeError::LayerCount {
+            expected: 2,
+            found: 1
+        })
+    );
+    let wrong = PacketBody {
+        layers: vec![dense(vec![0.0; 4]), sign(71)],
+    };
+    assert!(matches!(
+        decode(&wrong, &s),
+        Err(DecodeError::Shape { layer: 1, .. })
+    ));
+    let topk = |indices: Vec<u32>, values: Vec<i8>, scale: f32| PacketBody {
+        layers: vec![
+            dense(vec![0.0; 4]),
+            LayerPayload::TopK(TopK {
+                len: 70,
+                indices,
+                values,
+                scale,
+            }),
+        ],
+    };
+    assert!(matches!(
+        decode(&topk(vec![3, 3], vec![1, 1], 1.0), &s),
+        Err(DecodeError::TopK { layer: 1, .. })
+    ));
+    assert!(matches!(
+        decode(&topk(vec![70], vec![1], 1.0), &s),
+        Err(DecodeError::TopK { layer: 1, .. })
+    ));
+    assert!(matches!(
+        decode(&topk(vec![1, 2], vec![1], 1.0), &s),
+        Err(DecodeError::TopK { layer: 1, .. })
+    ));
+    assert!(matches!(
+        decode(&topk(vec![1], vec![1], f32::NAN), &s),
+        Err(DecodeError::Scale { layer: 1, .. })
+    ));
+    let inf = PacketBody {
+        layers: vec![dense(vec![0.0, f32::INFINITY, 0.0, 0.0]), sign(70)],
+    };
+    assert_eq!(
+        decode(&inf, &s),
+        Err(DecodeError::NonFinite { layer: 0, index: 1 })
+    );
+    let mut padded = sign(70);
+    if let LayerPayload::Sign(sb) = &mut padded {
+        sb.words[1] |= 1 << 10;
+    }
+    let bad_sign = PacketBody {
+        layers: vec![dense(vec![0.0; 4]), padded],
+    };
+    assert!(matches!(
+        decode(&bad_sign, &s),
+        Err(DecodeError::Sign { layer: 1, .. })
+    ));
+}

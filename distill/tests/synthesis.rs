@@ -1,0 +1,223 @@
+//! Synthesis rejects scaled (×100) and sign-flipped peers, merges honest ones, and says why.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use kindred_distill::{
+    MergeRule, Rejection, SynthConfig, SynthError, UpdateRef, Verdict, synthesize,
+};
+
+fn honest(n: usize, own: &[f32], seed: u64) -> Vec<f32> {
+    common::mix(own, &common::update(n, seed), 0.5)
+}
+
+#[test]
+fn rejects_scaled_and_sign_flipped_peers_under_both_rules() {
+    let n = 5000;
+    let own = common::update(n, 1);
+    let good: Vec<Vec<f32>> = (0..4).map(|s| honest(n, &own, 10 + s)).collect();
+    let scaled: Vec<f32> = good[0].iter().map(|x| x * 100.0).collect();
+    let flipped: Vec<f32> = good[1].iter().map(|x| -x).collect();
+    for rule in [
+        MergeRule::WeightedMean,
+        MergeRule::TrimmedMean { trim: 0.2 },
+    ] {
+        let config = SynthConfig {
+            rule,
+            ..SynthConfig::default()
+        };
+        let mut peers: Vec<UpdateRef<'_>> = good
+            .iter()
+            .map(|g| UpdateRef {
+                update: g,
+                samples: 100,
+            })
+            .collect();
+        peers.push(UpdateRef {
+            update: &scaled,
+            samples: 100,
+        });
+        peers.push(UpdateRef {
+            update: &flipped,
+            samples: 100,
+        });
+        let own_ref = UpdateRef {
+            update: &own,
+            samples: 100,
+        };
+        let out = synthesize(own_ref, &peers, &config).unwrap();
+        assert_eq!(out.accepted, 4, "{rule:?}");
+        assert!(out.verdicts[..4].iter().all(Verdict::is_accepted));
+        assert!(matches!(
+            out.verdicts[4],
+            Verdict::Rejected(Rejection::NormTooLarge { ratio }) if ratio > 50.0
+        ));
+        assert!(matches!(
+            out.verdicts[5],
+            Verdict::Rejected(Rejection::CosineBelowGate { cosine }) if cosine < 0.0
+        ));
+        assert_eq!(out.rejects_by_reason(), vec![("norm", 1), ("cosine", 1)]);
+        // The merge is close to the honest average, untouched by the attackers.
+        let honest_mean: Vec<f32> = (0..n)
+            .map(|i| (own[i] + good.iter().map(|g| g[i]).sum::<f32>()) / 5.0)
+            .collect();
+        let err: f32 = out
+            .merged
+            .iter()
+            .zip(&honest_mean)
+            .map(|(a, b)| (a - b).powi(2))
+            .sum::<f32>()
+            .sqrt();
+        let norm: f32 = honest_mean.iter().map(|a| a * a).sum::<f32>().sqrt();
+        assert!(err / norm < 0.35, "{rule:?}: relative error {}", err / norm);
+    }
+}
+
+#[test]
+fn weights_follow_samples_and_similarity_and_large_peers_are_clipped() {
+    let n = 1000;
+    let own = common::update(n, 1);
+    let close = honest(n, &own, 2);
+    let big: Vec<f32> = close.iter().map(|x| x * 4.0).collect();
+    let peers = [
+        UpdateRef {
+            update: &close,
+            samples: 300,
+        },
+        UpdateRef {
+            update: &close,
+            samples: 100,
+        },
+        UpdateRef {
+            update: &big,
+            samples: 100,
+        },
+    ];
+    let own_ref = UpdateRef {
+        update: &own,
+        samples: 100,
+    };
+    let out = synthesize(own_ref, &peers, &SynthConfig::default()).unwrap();
+    let w = |v: &Verdict| match v {
+        Verdict::Accepted { weight, .. } => *weight,
+        Verdict::Rejected(r) => panic!("{r:?}"),
+    };
+    assert!((w(&out.verdicts[0]) / w(&out.verdicts[1]) - 3.0).abs() < 1e-3);
+    assert!(matches!(
+        out.verdicts[2],
+        Verdict::Accepted { clipped: true, .. }
+    ));
+}
+
+#[test]
+fn invalid_peers_are_rejected_not_fatal() {
+    let own = vec![1.0f32; 8];
+    let short = vec![1.0f32; 7];
+    let mut nan = vec![1.0f32; 8];
+    nan[2] = f32::NAN;
+    let zero = vec![0.0f32; 8];
+    let ok = vec![1.0f32; 8];
+    let peers = [
+        UpdateRef {
+            update: &short,
+            samples: 1,
+        },
+        UpdateRef {
+            update: &nan,
+            samples: 1,
+        },
+        UpdateRef {
+            update: &zero,
+            samples: 1,
+        },
+        UpdateRef {
+            update: &ok,
+            samples: 0,
+        },
+    ];
+    let out = synthesize(
+        UpdateRef {
+            update: &own,
+            samples: 1,
+        },
+        &peers,
+        &SynthConfig::default(),
+    )
+    .unwrap();
+    let reasons: Vec<&str> = out
+        .verdicts
+        .iter()
+        .map(|v| match v {
+            Verdict::Rejected(r) => r.reason(),
+            Verdict::Accepted { .. } => "accepted",
+        })
+        .collect();
+    assert_eq!(reasons, ["length", "non_finite", "zero_norm", "no_samples"]);
+    assert_eq!(out.merged, own, "only the own update remains");
+    let mut bad_own = own.clone();
+    bad_own[0] = f32::INFINITY;
+    assert_eq!(
+        synthesize(
+            UpdateRef {
+                update: &bad_own,
+                samples: 1
+            },
+            &[],
+            &SynthConfig::default()
+        ),
+        Err(SynthError::OwnNonFinite { index: 0 })
+    );
+    let bad_config = SynthConfig {
+        rule: MergeRule::TrimmedMean { trim: 0.5 },
+        ..SynthConfig::default()
+    };
+    assert!(matches!(
+        synthesize(
+            UpdateRef {
+                update: &own,
+                samples: 1
+            },
+            &[],
+            &bad_config
+        ),
+        Err(SynthError::Config { .. })
+    ));
+}
+
+#[test]
+fn trimmed_mean_drops_coordinate_outliers() {
+    let own = vec![1.0f32, 1.0, 1.0];
+    let a = vec![1.1f32, 0.9, 1.0];
+    let b = vec![0.9f32, 1.1, 1.0];
+    // Within norm limits and positively correlated, but one coordinate is off.
+    let c = vec![1.0f32, 1.0, 2.2];
+    let d = vec![1.0f32, 1.0, 1.05];
+    let peers: Vec<UpdateRef<'_>> = [&a, &b, &c, &d]
+        .iter()
+        .map(|u| UpdateRef {
+            update: u,
+            samples: 1,
+        })
+        .collect();
+    let config = SynthConfig {
+        rule: MergeRule::TrimmedMean { trim: 0.2 },
+        ..SynthConfig::default()
+    };
+    let out = synthesize(
+        UpdateRef {
+            update: &own,
+            samples: 1,
+        },
+        &peers,
+        &config,
+    )
+    .unwrap();
+    assert_eq!(out.accepted, 4);
+    // Coordinate 2 over {1, 1, 1, 2.2, 1.05}: drop 1.0 and 2.2, mean of {1, 1, 1.05}.
+    assert!(
+        (out.merged[2] - 3.05 / 3.0).abs() < 1e-6,
+        "{:?}",
+        out.merged
+    );
+}

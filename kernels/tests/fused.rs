@@ -1,0 +1,177 @@
+//! The fused pass equals the separate kernels it replaces.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::{SIZES, backends, gaussian, heavy};
+use kindred_kernels::{
+    AccumulateError, Backend, Candidates, CountSketch, Kernels, SelectMethod, SketchInto,
+};
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-5 * (1.0 + a.abs().max(b.abs()))
+}
+
+#[test]
+fn fused_pass_matches_separate_kernels() {
+    for backend in backends() {
+        for (s, &n) in SIZES.iter().enumerate() {
+            for &(first, centred) in &[(0u64, false), (37, true), (4096 + 5, false)] {
+                let update = heavy(n, 40 + s as u64);
+                let residual = gaussian(n, 50 + s as u64);
+                let center = gaussian(n, 60 + s as u64);
+                let center = centred.then_some(center.as_slice());
+                let sketch = CountSketch {
+                    seed: 3,
+                    buckets: 512,
+                };
+                let k = n / 100;
+                let threshold = backend.sample_threshold(&residual, &update, k, 9);
+
+                let mut fused_r = residual.clone();
+                let mut fused_sketch = vec![0f32; 512];
+                let fused = backend
+                    .accumulate_fused(
+                        &mut fused_r,
+                        &update,
+                        Some(SketchInto {
+                            sketch: &sketch,
+                            center,
+                            first_index: first,
+                            out: &mut fused_sketch,
+                        }),
+                        threshold,
+                    )
+                    .unwrap();
+
+                let mut r = residual.clone();
+                let stats = backend.accumulate(&mut r, &update).unwrap();
+                assert_eq!(fused_r, r, "n={n}");
+                assert_eq!(fused.stats.len, n);
+                assert_eq!(fused.stats.abs_max, stats.abs_max);
+                assert!(close(f64::from(fused.stats.mean), f64::from(stats.mean)));
+                assert!(close(f64::from(fused.stats.l2), f64::from(stats.l2)));
+                let mut sk = vec![0f32; 512];
+                let sum_sq = backend
+                    .count_sketch(&sketch, &update, center, first, &mut sk)
+                    .unwrap();
+                assert_eq!(fused_sketch, sk, "sketch bits, n={n} first={first}");
+                assert_eq!(fused.sketch_sum_sq.to_bits(), sum_sq.to_bits());
+                match threshold {
+                    Some(t) => {
+                        let expected: Vec<u32> = (0..n as u32)
+                            .filter(|&i| r[i as usize].abs() >= t)
+                            .collect();
+                        assert_eq!(fused.candidates.indices, expected, "n={n}");
+                        let values: Vec<f32> = expected.iter().map(|&i| r[i as usize]).collect();
+                        assert_eq!(fused.candidates.values, values);
+                        let mut a = r.clone();
+                        let sel = backend
+                            .topk_candidates(&mut a, fused.candidates.clone(), k)
+                            .unwrap();
+                        let mut b = r.clone();
+                        let exact = backend.topk_exact(&mut b, k).unwrap();
+                        assert_eq!(sel.indices, exact.indices);
+                        assert_eq!(sel.values, exact.values);
+                        assert_eq!(a, b);
+                        assert!(matches!(sel.method, SelectMethod::Sampled { .. }));
+                    }
+                    None => assert!(fused.candidates.is_empty()),
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn too_few_candidates_fall_back_to_exact() {
+    let backend = Backend::cpu();
+    let x = heavy(100_000, 1);
+    let mut a = x.clone();
+    let few = Candidates {
+        indices: vec![5, 9],
+        values: vec![x[5], x[9]],
+    };
+    let sel = backend.topk_candidates(&mut a, few, 100).unwrap();
+    assert_eq!(sel.method, SelectMethod::SampledFellBack);
+    let mut b = x.clone();
+    assert_eq!(
+        sel.indices,
+        backend.topk_exact(&mut b, 100).unwrap().indices
+    );
+}
+
+#[test]
+fn fused_errors_are_typed() {
+    let backend = Backend::cpu();
+    let sketch = CountSketch {
+        seed: 1,
+        buckets: 8,
+    };
+    let mut r = vec![1.0f32; 100];
+    let mut u = vec![0.5f32; 100];
+    u[42] = f32::NAN;
+    let mut out = vec![0f32; 8];
+    let res = backend.accumulate_fused(
+        &mut r,
+        &u,
+        Some(SketchInto {
+            sketch: &sketch,
+            center: None,
+            first_index: 0,
+            out: &mut out,
+        }),
+        None,
+    );
+    assert!(matches!(
+        res,
+        Err(AccumulateError::NonFinite { index: 42, .. })
+    ));
+    assert!(out.iter().all(|&v| v == 0.0), "sketch output untouched");
+    // Callers that must keep the residual validate first.
+    let (index, value) = backend.find_non_finite(&u).unwrap();
+    assert!(index == 42 && value.is_nan());
+    // The fused pass does not pre-scan: the residual was written (documented).
+    assert!(r[42].is_nan());
+    r.fill(1.0);
+    u[42] = 0.5;
+    let mut short = vec![0f32; 7];
+    let res = backend.accumulate_fused(
+        &mut r,
+        &u,
+        Some(SketchInto {
+            sketch: &sketch,
+            center: None,
+            first_index: 0,
+            out: &mut short,
+        }),
+        None,
+    );
+    assert_eq!(res, Err(AccumulateError::SketchShape));
+    let mut c = vec![0f32; 100];
+    c[3] = f32::INFINITY;
+    let res = backend.accumulate_fused(
+        &mut r,
+        &u,
+        Some(SketchInto {
+            sketch: &sketch,
+            center: Some(&c),
+            first_index: 0,
+            out: &mut out,
+        }),
+        None,
+    );
+    assert_eq!(res, Err(AccumulateError::NonFiniteCenter { index: 3 }));
+    assert_eq!(
+        backend.accumulate_fused(&mut r[..5], &u, None, None),
+        Err(AccumulateError::LengthMismatch {
+            residual: 5,
+            update: 100
+        })
+    );
+    assert!(
+        backend.sample_threshold(&r, &u, 1, 0).is_none(),
+        "too short to sample"
+    );
+}

@@ -1,0 +1,278 @@
+//! Node configuration: a TOML file written by `kindred init`, overridden by environment variables
+//! and command-line flags (in that order of precedence, flags last).
+//!
+//! Every field has a default, so a config file only names what differs; unknown keys are errors,
+//! so a typo never silently falls back to a default.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::trainer::{Arch, Rotation, Task, TrainConfig};
+
+/// The config file's name inside a data directory.
+pub const CONFIG_FILE: &str = "kindred.toml";
+
+/// Why a config could not be loaded or is invalid.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The file could not be read or written.
+    #[error("config file {}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML for a node config.
+    #[error("config file {}: {source}", path.display())]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The parser's error, with line and column.
+        source: toml::de::Error,
+    },
+    /// A value is out of range.
+    #[error("invalid config: {0}")]
+    Invalid(String),
+}
+
+/// How logs are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// A built-in architecture, as named in the config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum ModelKind {
+    /// 784-64-10 MLP.
+    #[default]
+    Mlp,
+    /// Small CNN.
+    Cnn,
+}
+
+impl ModelKind {
+    /// The architecture.
+    pub fn arch(self) -> Arch {
+        match self {
+            Self::Mlp => Arch::MLP,
+            Self::Cnn => Arch::Cnn,
+        }
+    }
+}
+
+/// Where updates come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum TrainerKind {
+    /// The built-in candle trainer on MNIST.
+    #[default]
+    Builtin,
+    /// A local process pushes updates through the HTTP API (`POST /v1/update`).
+    External,
+}
+
+/// The built-in trainer's task and schedule.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainerConfig {
+    /// Built-in or external.
+    pub kind: TrainerKind,
+    /// The model.
+    pub model: ModelKind,
+    /// Rotation of this node's digits in quarter turns (feature-shift cluster).
+    pub rotation: u8,
+    /// Label shift of this node's digits (concept-shift cluster).
+    pub label_shift: u8,
+    /// This node's shard of the training split.
+    pub shard: usize,
+    /// Number of shards the training split is cut into.
+    pub shards: usize,
+    /// SGD steps per round.
+    pub steps: usize,
+    /// Minibatch size.
+    pub batch: usize,
+    /// Learning rate.
+    pub lr: f64,
+    /// Seed of the data split and model initialisation (the same across a swarm, so every node
+    /// starts from the same weights).
+    pub seed: u64,
+}
+
+impl Default for TrainerConfig {
+    fn default() -> Self {
+        let t = TrainConfig::default();
+        Self {
+            kind: TrainerKind::Builtin,
+            model: ModelKind::Mlp,
+            rotation: 0,
+            label_shift: 0,
+            shard: 0,
+            shards: 1,
+            steps: t.steps,
+            batch: t.batch,
+            lr: t.lr,
+            seed: 1,
+        }
+    }
+}
+
+impl TrainerConfig {
+    /// The node's task.
+    pub fn task(&self) -> Task {
+        Task {
+            rotation: Rotation::quarter_turns(usize::from(self.rotation)),
+            label_shift: self.label_shift % 10,
+        }
+    }
+
+    /// Local training hyper-parameters.
+    pub fn train(&self) -> TrainConfig {
+        TrainConfig {
+            steps: self.steps,
+            batch: self.batch,
+            lr: self.lr,
+        }
+    }
+}
+
+/// A node's configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NodeConfig {
+    /// Network name: nodes of different networks never share keys.
+    pub network: String,
+    /// Multiaddrs to listen on.
+    pub listen: Vec<String>,
+    /// Multiaddrs (with `/p2p/<peer id>`) of peers to join through.
+    pub bootstrap: Vec<String>,
+    /// Pre-shared key file of a private swarm (`kindred swarm-key` makes one).
+    pub swarm_key: Option<PathBuf>,
+    /// Address of the local HTTP API (status, metrics, external trainer). Loopback by default.
+    pub api: Option<SocketAddr>,
+    /// Target length of one round, seconds.
+    pub round_secs: f64,
+    /// Stop after this many rounds (run forever when absent).
+    pub rounds: Option<u64>,
+    /// Peers merged per round (the top-m by similarity).
+    pub partners: usize,
+    /// Multi-probe lookups per round besides the exact band keys.
+    pub probes: usize,
+    /// Log format.
+    pub log_format: LogFormat,
+    /// Trainer.
+    pub trainer: TrainerConfig,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        Self {
+            network: "kindred".into(),
+            listen: vec!["/ip4/0.0.0.0/tcp/4001".into()],
+            bootstrap: Vec::new(),
+            swarm_key: None,
+            api: Some(SocketAddr::from(([127, 0, 0, 1], 7070))),
+            round_secs: 10.0,
+            rounds: None,
+            partners: 4,
+            probes: 8,
+            log_format: LogFormat::Text,
+            trainer: TrainerConfig::default(),
+        }
+    }
+}
+
+impl NodeConfig {
+    /// Read `dir/kindred.toml`, or the defaults if the file does not exist.
+    ///
+    /// # Errors
+    /// [`ConfigError`] if the file exists but cannot be read, parsed or validated.
+    pub fn load(dir: &Path) -> Result<Self, ConfigError> {
+        let path = dir.join(CONFIG_FILE);
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Self::default()),
+            Err(source) => return Err(ConfigError::Io { path, source }),
+        };
+        let config: Self =
+            toml::from_str(&text).map_err(|source| ConfigError::Parse { path, source })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Write the config to `dir/kindred.toml`.
+    ///
+    /// # Errors
+    /// [`ConfigError::Io`] when the file cannot be written.
+    pub fn save(&self, dir: &Path) -> Result<(), ConfigError> {
+        let path = dir.join(CONFIG_FILE);
+        let text = toml::to_string_pretty(self).map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        std::fs::write(&path, text).map_err(|source| ConfigError::Io { path, source })
+    }
+
+    /// Check ranges.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] naming the first bad value.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: &str| Err(ConfigError::Invalid(m.into()));
+        if !(self.round_secs.is_finite() && self.round_secs > 0.0) {
+            return bad("round_secs must be a positive number");
+        }
+        if self.network.is_empty() {
+            return bad("network must not be empty");
+        }
+        if self.partners == 0 {
+            return bad("partners must be at least 1");
+        }
+        let t = &self.trainer;
+        if t.shards == 0 || t.shard >= t.shards {
+            return bad("trainer.shard must be below trainer.shards");
+        }
+        if t.steps == 0 || t.batch == 0 || !(t.lr.is_finite() && t.lr > 0.0) {
+            return bad("trainer.steps, trainer.batch and trainer.lr must be positive");
+        }
+        Ok(())
+    }
+
+    /// Round length.
+    pub fn round_duration(&self) -> Duration {
+        Duration::from_secs_f64(self.round_secs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_round_trip_through_toml() {
+        let c = NodeConfig::default();
+        let text = toml::to_string_pretty(&c).unwrap();
+        assert_eq!(toml::from_str::<NodeConfig>(&text).unwrap(), c);
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn partial_files_keep_defaults_and_typos_are_errors() {
+        let c: NodeConfig =
+            toml::from_str("round_secs = 2.5\n[trainer]\nlabel_shift = 3\n").unwrap();
+        assert_eq!(c.round_secs, 2.5);
+        assert_eq!(c.trainer.task().label_shift, 3);
+        assert_eq!(c.partners, NodeConfig::default().partners);
+        assert!(toml::from_str::<NodeConfig>("round_sec = 2.5").is_err());
+        let bad: NodeConfig = toml::from_str("[trainer]\nshard = 4\nshards = 4\n").unwrap();
+        assert!(matches!(bad.validate(), Err(ConfigError::Invalid(_))));
+    }
+}

@@ -1,0 +1,421 @@
+//! `kindred demo`: a local swarm of real node processes on loopback, and what it achieved.
+//!
+//! The demo starts `nodes` copies of this very binary (`kindred run`), each with its own data
+//! directory, identity, shard of the MNIST training split and one of `clusters` label-permutation
+//! tasks (cluster `c` learns `y → (y + c) mod 10`). Node 0 is everyone's bootstrap peer. After the
+//! rounds, it reads every node's `summary.json` and compares with **local-only training** — the
+//! same model, seed, shard, task and number of SGD steps, never merging — computed in-process.
+//!
+//! Reported: held-out accuracy per cluster for both, bytes each node sent per round (RPC bytes:
+//! headers and bodies served, requests made) against a full-precision ring all-reduce of the same
+//! model (`2 (N−1)/N × 4 × params` bytes sent per node per round), and partner purity (the share
+//! of merge partners from the node's own cluster).
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+
+use crate::api::Status;
+use crate::config::{NodeConfig, TrainerConfig};
+use crate::run::SUMMARY_FILE;
+use crate::trainer::{Examples, Mnist, Model, Split};
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct DemoOptions {
+    /// Node processes.
+    pub nodes: usize,
+    /// Label-permutation clusters.
+    pub clusters: usize,
+    /// Rounds per node.
+    pub rounds: u64,
+    /// Round length, seconds.
+    pub round_secs: f64,
+    /// Seed of the data split and initial weights.
+    pub seed: u64,
+    /// Local SGD steps per round.
+    pub steps: usize,
+    /// Where to keep node directories (a temporary directory when `None`).
+    pub dir: Option<PathBuf>,
+    /// The `kindred` binary to start the nodes with.
+    pub binary: PathBuf,
+}
+
+/// Results of one cluster.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ClusterResult {
+    /// Cluster index (its label shift).
+    pub cluster: usize,
+    /// Nodes in it.
+    pub nodes: usize,
+    /// Mean final accuracy with Kindred.
+    pub acc_kindred: f64,
+    /// Mean final accuracy of local-only training.
+    pub acc_local: f64,
+}
+
+/// Results of one node.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct NodeResult {
+    /// The node's peer id.
+    pub peer: String,
+    /// Its cluster.
+    pub cluster: usize,
+    /// Final accuracy with Kindred.
+    pub acc_kindred: f64,
+    /// Final accuracy of local-only training.
+    pub acc_local: f64,
+    /// Merge partners over all rounds.
+    pub partners: usize,
+    /// Share of them from its own cluster (1 when it had none).
+    pub purity: f64,
+}
+
+/// The demo's results.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct DemoReport {
+    /// Node processes.
+    pub nodes: usize,
+    /// Rounds each node completed (minimum over nodes).
+    pub rounds: u64,
+    /// Mean final accuracy with Kindred.
+    pub acc_kindred: f64,
+    /// Mean final accuracy of local-only training.
+    pub acc_local: f64,
+    /// Mean RPC bytes a node sent per round.
+    pub bytes_per_node_round: f64,
+    /// Bytes a node sends per round in a full-precision ring all-reduce.
+    pub bytes_allreduce: f64,
+    /// Share of merge partners from the node's own cluster.
+    pub partner_purity: f64,
+    /// Wall time of the whole demo.
+    pub seconds: f64,
+    /// Per-cluster accuracy.
+    pub clusters: Vec<ClusterResult>,
+    /// Per-node results.
+    pub per_node: Vec<NodeResult>,
+}
+
+/// Run the demo.
+///
+/// # Errors
+/// When the MNIST files are missing, a node cannot be started, or nodes do not finish in time.
+pub fn run(opts: DemoOptions) -> anyhow::Result<DemoReport> {
+    if opts.nodes < 2 || opts.clusters == 0 || opts.clusters > opts.nodes || opts.rounds == 0 {
+        bail!("the demo needs at least 2 nodes, 1..=nodes clusters and at least 1 round");
+    }
+    let started = Instant::now();
+    let (base, _cleanup) = match &opts.dir {
+        Some(d) => (d.clone(), None),
+        None => {
+            let d = std::env::temp_dir().join(format!("kindred-demo-{}", std::process::id()));
+            (d.clone(), Some(RemoveOnDrop(d)))
+        }
+    };
+    std::fs::create_dir_all(&base).with_context(|| format!("creating {}", base.display()))?;
+    // Fail early, in this process, with the clear error if the data is missing.
+    let mnist = Mnist::load()?;
+
+    let exe = &opts.binary;
+    let ports = free_ports(opts.nodes * 2)?;
+    let mut children = Vec::with_capacity(opts.nodes);
+    let mut bootstrap: Option<String> = None;
+    let mut cluster_of = HashMap::new();
+    let mut configs = Vec::with_capacity(opts.nodes);
+    for i in 0..opts.nodes {
+        let dir = base.join(format!("node{i:02}"));
+        std::fs::create_dir_all(&dir)?;
+        let cluster = i % opts.clusters;
+        let c = NodeConfig {
+            network: format!("kindred-demo-{}", opts.seed),
+            listen: vec![format!("/ip4/127.0.0.1/tcp/{}", ports[2 * i])],
+            bootstrap: bootstrap.iter().cloned().collect(),
+            api: Some(SocketAddr::from(([127, 0, 0, 1], ports[2 * i + 1]))),
+            round_secs: opts.round_secs,
+            rounds: Some(opts.rounds),
+            trainer: TrainerConfig {
+                label_shift: cluster as u8,
+                shard: i,
+                shards: opts.nodes,
+                seed: opts.seed,
+                steps: opts.steps,
+                ..TrainerConfig::default()
+            },
+            ..NodeConfig::default()
+        };
+        c.save(&dir)?;
+        // `init` creates the identity; its stdout is the peer id.
+        let out = Command::new(exe)
+            .args(["init", "--data-dir"])
+            .arg(&dir)
+            .env("RUST_LOG", "warn")
+            .output()
+            .context("running kindred init")?;
+        if !out.status.success() {
+            bail!(
+                "kindred init failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let peer = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        if bootstrap.is_none() {
+            bootstrap = Some(format!("/ip4/127.0.0.1/tcp/{}/p2p/{peer}", ports[0]));
+        }
+        cluster_of.insert(peer, cluster);
+        configs.push((dir, c));
+    }
+    tracing::info!(nodes = opts.nodes, clusters = opts.clusters, dir = %base.display(), "starting nodes");
+    for (dir, _) in &configs {
+        let log = std::fs::File::create(dir.join("node.log"))?;
+        let child = Command::new(exe)
+            .args(["run", "--data-dir"])
+            .arg(dir)
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "info,libp2p=warn".into()),
+            )
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .context("starting a node")?;
+        children.push(NodeProcess(child));
+    }
+
+    // Local-only baseline, computed while the swarm runs.
+    let split = Split::new(mnist.len(), 0.2, opts.seed);
+    let mut local = vec![0f64; opts.nodes];
+    for (i, (_, c)) in configs.iter().enumerate() {
+        let task = c.trainer.task();
+        let train = Examples::new(&mnist, &split.shard(i, opts.nodes), task);
+        let eval = Examples::new(&mnist, &split.eval, task);
+        let mut model = Model::new(c.trainer.model.arch(), opts.seed)?;
+        let mut rng = StdRng::seed_from_u64(opts.seed ^ (i as u64) << 32);
+        for _ in 0..opts.rounds {
+            model.train(&train, &c.trainer.train(), &mut rng)?;
+        }
+        local[i] = f64::from(model.accuracy(&eval)?);
+    }
+
+    // Nodes stop by themselves after their rounds; allow generous slack for start-up.
+    let deadline = Instant::now()
+        + Duration::from_secs_f64(opts.round_secs * (opts.rounds as f64 + 4.0) + 60.0);
+    for child in &mut children {
+        loop {
+            if child.0.try_wait()?.is_some() {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "a node did not finish in time; logs are in {}",
+                    base.display()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    let mut summaries = Vec::with_capacity(opts.nodes);
+    for (dir, _) in &configs {
+        let text = std::fs::read_to_string(dir.join(SUMMARY_FILE)).with_context(|| {
+            format!(
+                "reading {}/{SUMMARY_FILE} (see node.log there)",
+                dir.display()
+            )
+        })?;
+        summaries.push(serde_json::from_str::<Status>(&text)?);
+    }
+    let params = Model::new(configs[0].1.trainer.model.arch(), opts.seed)?
+        .spec()
+        .numel() as f64;
+    Ok(report(
+        &opts,
+        &summaries,
+        &local,
+        &cluster_of,
+        params,
+        started.elapsed().as_secs_f64(),
+    ))
+}
+
+fn report(
+    opts: &DemoOptions,
+    summaries: &[Status],
+    local: &[f64],
+    cluster_of: &HashMap<String, usize>,
+    params: f64,
+    seconds: f64,
+) -> DemoReport {
+    let n = summaries.len();
+    let final_acc = |s: &Status| {
+        s.history
+            .last()
+            .and_then(|r| r.accuracy)
+            .map_or(0.0, f64::from)
+    };
+    let (mut same, mut partners) = (0usize, 0usize);
+    let mut bytes = 0f64;
+    let mut per_node = Vec::with_capacity(n);
+    for (i, s) in summaries.iter().enumerate() {
+        let mine = cluster_of.get(&s.peer_id);
+        let (mut node_same, mut node_partners) = (0, 0);
+        for r in &s.history {
+            node_partners += r.partners.len();
+            node_same += r
+                .partners
+                .iter()
+                .filter(|p| cluster_of.get(*p) == mine)
+                .count();
+        }
+        same += node_same;
+        partners += node_partners;
+        let rounds = s.history.len().max(1) as f64;
+        bytes += s.bytes_sent as f64 / rounds;
+        per_node.push(NodeResult {
+            peer: s.peer_id.clone(),
+            cluster: mine.copied().unwrap_or(usize::MAX),
+            acc_kindred: final_acc(s),
+            acc_local: local.get(i).copied().unwrap_or(0.0),
+            partners: node_partners,
+            purity: if node_partners == 0 {
+                1.0
+            } else {
+                node_same as f64 / node_partners as f64
+            },
+        });
+    }
+    let clusters = (0..opts.clusters)
+        .map(|c| {
+            let members: Vec<usize> = (0..n).filter(|i| i % opts.clusters == c).collect();
+            let mean = |f: &dyn Fn(usize) -> f64| {
+                members.iter().map(|&i| f(i)).sum::<f64>() / members.len().max(1) as f64
+            };
+            ClusterResult {
+                cluster: c,
+                nodes: members.len(),
+                acc_kindred: mean(&|i| final_acc(&summaries[i])),
+                acc_local: mean(&|i| local[i]),
+            }
+        })
+        .collect();
+    DemoReport {
+        nodes: n,
+        rounds: summaries
+            .iter()
+            .map(|s| s.history.len() as u64)
+            .min()
+            .unwrap_or(0),
+        acc_kindred: summaries.iter().map(final_acc).sum::<f64>() / n.max(1) as f64,
+        acc_local: local.iter().sum::<f64>() / n.max(1) as f64,
+        bytes_per_node_round: bytes / n.max(1) as f64,
+        bytes_allreduce: 2.0 * (n as f64 - 1.0) / n as f64 * 4.0 * params,
+        partner_purity: if partners == 0 {
+            0.0
+        } else {
+            same as f64 / partners as f64
+        },
+        seconds,
+        clusters,
+        per_node,
+    }
+}
+
+/// Print the results table (and the JSON line).
+#[allow(clippy::print_stdout)]
+pub fn print(r: &DemoReport, json: bool) {
+    println!(
+        "\nKindred demo: {} nodes, {} rounds, {:.0} s",
+        r.nodes, r.rounds, r.seconds
+    );
+    println!(
+        "{:>8} {:>6} {:>16} {:>16}",
+        "cluster", "nodes", "Kindred acc %", "local-only acc %"
+    );
+    for c in &r.clusters {
+        println!(
+            "{:>8} {:>6} {:>16.2} {:>16.2}",
+            c.cluster,
+            c.nodes,
+            c.acc_kindred * 100.0,
+            c.acc_local * 100.0
+        );
+    }
+    println!(
+        "{:>8} {:>6} {:>16.2} {:>16.2}",
+        "all",
+        r.nodes,
+        r.acc_kindred * 100.0,
+        r.acc_local * 100.0
+    );
+    println!(
+        "bytes per node per round: Kindred {:.0}, full-precision all-reduce {:.0} ({:.1}x fewer)",
+        r.bytes_per_node_round,
+        r.bytes_allreduce,
+        r.bytes_allreduce / r.bytes_per_node_round.max(1.0)
+    );
+    println!(
+        "partner purity: {:.1}% of merge partners from the node's own cluster",
+        r.partner_purity * 100.0
+    );
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "nodes": r.nodes,
+                "rounds": r.rounds,
+                "acc_kindred": r.acc_kindred,
+                "acc_local": r.acc_local,
+                "bytes_per_node_round": r.bytes_per_node_round,
+                "bytes_allreduce": r.bytes_allreduce,
+                "partner_purity": r.partner_purity,
+                "seconds": r.seconds,
+            })
+        );
+    }
+}
+
+/// GET `path` from a node's local API.
+///
+/// # Errors
+/// When the node cannot be reached or answers with an error.
+pub fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<String> {
+    let mut resp = ureq::get(&format!("http://{addr}{path}")).call()?;
+    Ok(resp.body_mut().read_to_string()?)
+}
+
+/// `n` distinct free loopback TCP ports (bound, then released for the nodes to take).
+fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
+    let listeners: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0"))
+        .collect::<Result<_, _>>()?;
+    Ok(listeners
+        .iter()
+        .filter_map(|l| l.local_addr().ok())
+        .map(|a| a.port())
+        .collect())
+}
+
+/// Kill a node process if the demo exits early.
+struct NodeProcess(Child);
+
+impl Drop for NodeProcess {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}

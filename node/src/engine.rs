@@ -1,0 +1,519 @@
+//! The round engine: one node's model, distiller and store, and what happens in one round.
+//!
+//! ```text
+//! train → distill → seal → store → announce → look up → headers → rank → bodies → verify
+//!       → synthesize → apply → checkpoint
+//! ```
+//!
+//! The engine owns no clock and no socket: [`Engine::make_packet`] and [`Engine::merge`] are the
+//! two halves of a round around the network exchange, and the driver ([`crate::run`]) decides
+//! when each runs. Every round ends in [`Engine::checkpoint`], which commits model parameters and
+//! distiller state to the store in one atomic step, so a node killed at any instant restarts
+//! from its last completed round.
+
+use std::sync::Arc;
+
+use kindred_distill::{
+    Distiller, DistillerState, EmbeddingConfig, Policy, SynthConfig, UpdateRef, Verdict, decode,
+    synthesize,
+};
+use kindred_proto::{HeaderFields, ModelSpec, PacketId, SealedPacket, seal};
+use libp2p_identity::{PeerId, PublicKey, ed25519};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+
+use crate::config::{NodeConfig, TrainerKind};
+use crate::store::{RoundState, Store};
+use crate::trainer::{Examples, Mnist, Model, Split, TrainConfig};
+
+/// Fraction of the digits held out for evaluation.
+const EVAL_FRACTION: f64 = 0.2;
+
+/// Why the engine failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EngineError {
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    /// The training data could not be loaded.
+    #[error(transparent)]
+    Data(#[from] crate::trainer::DataError),
+    /// The model failed.
+    #[error(transparent)]
+    Model(#[from] crate::trainer::ModelError),
+    /// Distillation failed.
+    #[error("distillation failed: {0}")]
+    Distill(String),
+    /// Sealing our own packet failed (a bug: the distiller produced an invalid body).
+    #[error("sealing failed: {0}")]
+    Seal(#[from] kindred_proto::SealError),
+    /// A checkpoint in the store does not fit the configured model.
+    #[error("checkpoint does not match the configured model: {0}")]
+    Checkpoint(String),
+    /// No update arrived from the external trainer for this round.
+    #[error("no update from the external trainer")]
+    NoUpdate,
+}
+
+/// Where a round's update comes from.
+#[derive(Debug)]
+enum Source {
+    /// The built-in candle trainer.
+    Builtin(Box<Builtin>),
+    /// A local process that pushes updates through the API; the engine keeps the last merged
+    /// update for it to fetch.
+    External { pending: Option<ExternalUpdate> },
+}
+
+/// The built-in trainer's state.
+#[derive(Debug)]
+struct Builtin {
+    model: Model,
+    train: Examples,
+    eval: Examples,
+    config: TrainConfig,
+    rng: StdRng,
+}
+
+/// An update pushed by an external trainer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExternalUpdate {
+    /// The update, flat in spec order.
+    pub update: Vec<f32>,
+    /// Samples behind it.
+    pub samples: u64,
+    /// Its training loss.
+    pub loss: f32,
+}
+
+/// Our half of a round: the sealed packet and what went into it.
+#[derive(Debug)]
+pub struct Outgoing {
+    /// The sealed packet (already stored).
+    pub packet: SealedPacket,
+    /// SimHash margins for multi-probe lookups.
+    pub margins: Vec<f32>,
+    /// The update as peers will decode it.
+    pub sent: Vec<f32>,
+    /// This round's full local update (our own contribution to the merge).
+    pub full: Vec<f32>,
+    /// Training loss.
+    pub loss: f32,
+    /// Samples behind the update.
+    pub samples: u64,
+}
+
+/// A verified peer packet to merge.
+#[derive(Debug, Clone)]
+pub struct PeerPacket {
+    /// The sender.
+    pub sender: PeerId,
+    /// Its packet id.
+    pub id: PacketId,
+    /// Samples behind it.
+    pub samples: u64,
+    /// Its decoded body.
+    pub body: kindred_proto::PacketBody,
+}
+
+/// What merging did.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MergeReport {
+    /// Peers merged.
+    pub partners: Vec<PeerId>,
+    /// Rejected peers with the reason label.
+    pub rejected: Vec<(PeerId, &'static str)>,
+    /// The merged update (own contribution included).
+    pub merged: Vec<f32>,
+}
+
+/// One node's learning state.
+#[derive(Debug)]
+pub struct Engine {
+    keypair: ed25519::Keypair,
+    peer_id: PeerId,
+    spec: Arc<ModelSpec>,
+    distiller: Distiller,
+    source: Source,
+    store: Store,
+    synth: SynthConfig,
+    /// Where the node started: the initial parameters (built-in trainer) or zeros (external).
+    origin: Vec<f32>,
+    /// Where the current round starts: the model parameters (built-in trainer) or the sum of all
+    /// merged updates applied so far (external trainer). `base − origin` is the node's cumulative
+    /// update, whose embedding is what routing keys on.
+    base: Vec<f32>,
+    /// Last completed round, if any.
+    last_round: Option<u64>,
+    /// The last merged update (what an external trainer fetches).
+    last_merged: Option<(u64, Vec<f32>)>,
+    /// What was restored from the store at start-up.
+    restored: Option<Restored>,
+}
+
+/// What a node restored from its store at start-up.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Restored {
+    /// The committed round it resumed after.
+    pub round: u64,
+    /// The distiller's own round counter (updates distilled so far).
+    pub distiller_round: u64,
+    /// L2 norm of the restored error-feedback residual.
+    pub residual_norm: f64,
+}
+
+impl Engine {
+    /// Open the node's store and restore its identity, last checkpoint and distiller state, or
+    /// start fresh from the configured seed.
+    ///
+    /// # Errors
+    /// [`EngineError`] when the store, the data or a checkpoint cannot be used.
+    pub fn open(store: Store, config: &NodeConfig) -> Result<Self, EngineError> {
+        let keypair = store.identity_or_create()?;
+        let peer_id = PublicKey::from(keypair.public()).to_peer_id();
+        let t = &config.trainer;
+        let arch = t.model.arch();
+        let mut model = Model::new(arch, t.seed)?;
+        let spec = Arc::new(model.spec().clone());
+        // The embedding is of the node's cumulative update (see `base`), which already separates
+        // tasks; centring it by peer updates would remove exactly that signal.
+        let embedding = EmbeddingConfig {
+            center: false,
+            ..EmbeddingConfig::default()
+        };
+        let mut distiller = Distiller::new((*spec).clone(), Policy::default(), embedding)
+            .map_err(|e| EngineError::Distill(e.to_string()))?;
+        let origin = match t.kind {
+            TrainerKind::Builtin => model.params()?,
+            TrainerKind::External => vec![0.0; spec.numel() as usize],
+        };
+        let mut base = origin.clone();
+
+        let mut last_round = None;
+        let mut restored = None;
+        if let Some(state) = store.round_state()? {
+            let params = store.get_blob(&state.checkpoint)?;
+            let params = params_from_bytes(&params, &spec)?;
+            let residuals = store.get_blob(&state.residuals)?;
+            let distiller_state = DistillerState::from_bytes(&residuals, &spec)
+                .map_err(|e| EngineError::Checkpoint(e.to_string()))?;
+            distiller
+                .restore(distiller_state)
+                .map_err(|e| EngineError::Checkpoint(e.to_string()))?;
+            match t.kind {
+                TrainerKind::Builtin => model.set_params(&params)?,
+                TrainerKind::External => base = params,
+            }
+            last_round = Some(state.round);
+            let residual_norm = distiller
+                .residual()
+                .iter()
+                .map(|&x| f64::from(x) * f64::from(x))
+                .sum::<f64>()
+                .sqrt();
+            restored = Some(Restored {
+                round: state.round,
+                distiller_round: distiller.round(),
+                residual_norm,
+            });
+            tracing::info!(round = state.round, residual_norm, %peer_id, "restored checkpoint");
+        }
+
+        let source = match t.kind {
+            TrainerKind::Builtin => {
+                let mnist = Mnist::load()?;
+                let split = Split::new(mnist.len(), EVAL_FRACTION, t.seed);
+                let task = t.task();
+                let train = Examples::new(&mnist, &split.shard(t.shard, t.shards), task);
+                let eval = Examples::new(&mnist, &split.eval, task);
+                Source::Builtin(Box::new(Builtin {
+                    model,
+                    train,
+                    eval,
+                    config: t.train(),
+                    // Different per node and per restart point, reproducible for a given state.
+                    rng: StdRng::seed_from_u64(
+                        t.seed ^ seed_of(&peer_id) ^ last_round.unwrap_or(0),
+                    ),
+                }))
+            }
+            TrainerKind::External => Source::External { pending: None },
+        };
+        if let Source::Builtin(b) = &source {
+            base = b.model.params()?;
+        }
+        Ok(Self {
+            keypair,
+            peer_id,
+            spec,
+            distiller,
+            source,
+            store,
+            synth: SynthConfig::default(),
+            origin,
+            base,
+            last_round,
+            last_merged: None,
+            restored,
+        })
+    }
+
+    /// This node's identity.
+    pub fn peer_id(&self) -> PeerId {
+        self.peer_id
+    }
+
+    /// The identity keypair (also the libp2p identity, so packets are served by their sender).
+    pub fn keypair(&self) -> &ed25519::Keypair {
+        &self.keypair
+    }
+
+    /// The model spec.
+    pub fn spec(&self) -> &Arc<ModelSpec> {
+        &self.spec
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// The last completed round.
+    pub fn last_round(&self) -> Option<u64> {
+        self.last_round
+    }
+
+    /// What was restored from the store at start-up (`None` for a fresh node).
+    pub fn restored(&self) -> Option<Restored> {
+        self.restored
+    }
+
+    /// The last merged update and its round (for an external trainer).
+    pub fn last_merged(&self) -> Option<&(u64, Vec<f32>)> {
+        self.last_merged.as_ref()
+    }
+
+    /// Whether updates come from an external trainer.
+    pub fn is_external(&self) -> bool {
+        matches!(self.source, Source::External { .. })
+    }
+
+    /// Hand the engine an update from the external trainer for the next round.
+    ///
+    /// # Errors
+    /// [`EngineError::Checkpoint`] when the update does not fit the model.
+    pub fn push_external(&mut self, update: ExternalUpdate) -> Result<(), EngineError> {
+        if update.update.len() as u64 != self.spec.numel() {
+            return Err(EngineError::Checkpoint(format!(
+                "update has {} values, the model has {}",
+                update.update.len(),
+                self.spec.numel()
+            )));
+        }
+        if let Source::External { pending } = &mut self.source {
+            *pending = Some(update);
+        }
+        Ok(())
+    }
+
+    /// Whether an external update is waiting.
+    pub fn has_pending_external(&self) -> bool {
+        matches!(&self.source, Source::External { pending: Some(_) })
+    }
+
+    /// First half of round `round`: train (or take the external update), distill, seal and store
+    /// our packet.
+    ///
+    /// # Errors
+    /// [`EngineError`] when training, distillation, sealing or storing fails, or
+    /// [`EngineError::NoUpdate`] when an external trainer has not pushed an update.
+    pub fn make_packet(&mut self, round: u64, unix_ms: u64) -> Result<Outgoing, EngineError> {
+        let (update, loss, samples) = match &mut self.source {
+            Source::Builtin(b) => {
+                self.base = b.model.params()?;
+                let stats = b.model.train(&b.train, &b.config, &mut b.rng)?;
+                let after = b.model.params()?;
+                let update: Vec<f32> = after.iter().zip(&self.base).map(|(a, b)| a - b).collect();
+                (update, stats.loss, stats.samples)
+            }
+            Source::External { pending } => {
+                let p = pending.take().ok_or(EngineError::NoUpdate)?;
+                (p.update, p.loss, p.samples)
+            }
+        };
+        let distilled = self
+            .distiller
+            .distill(&update)
+            .map_err(|e| EngineError::Distill(e.to_string()))?;
+        let sent =
+            decode(&distilled.body, &self.spec).map_err(|e| EngineError::Distill(e.to_string()))?;
+        // Key on where this node's model is heading: its cumulative update including this round.
+        // One round's update is mostly minibatch noise once training converges; the cumulative
+        // update keeps the task's signal (same-task nodes stay at high cosine, other tasks low).
+        let cumulative: Vec<f32> = self
+            .base
+            .iter()
+            .zip(&self.origin)
+            .zip(&update)
+            .map(|((b, o), u)| b - o + u)
+            .collect();
+        let embedded = self
+            .distiller
+            .embed(&cumulative)
+            .map_err(|e| EngineError::Distill(e.to_string()))?;
+        let fields = HeaderFields {
+            round,
+            unix_ms,
+            samples,
+            loss: if loss.is_finite() { loss } else { f32::MAX },
+            embedding: embedded.embedding,
+        };
+        let packet = seal(&self.keypair, &self.spec, fields, &distilled.body)?;
+        self.store
+            .put_packet(packet.id(), &packet.header_bytes, &packet.body_bytes)?;
+        Ok(Outgoing {
+            packet,
+            margins: embedded.margins.to_vec(),
+            sent,
+            full: update,
+            loss,
+            samples,
+        })
+    }
+
+    /// Second half of a round: merge our sent update with the verified peer packets, apply the
+    /// result to the model, and remember accepted peers in the embedding's running mean.
+    ///
+    /// # Errors
+    /// [`EngineError`] when decoding our own state or applying the merge fails; a bad peer is
+    /// a rejection in the report, never an error.
+    pub fn merge(
+        &mut self,
+        own: &Outgoing,
+        peers: &[PeerPacket],
+    ) -> Result<MergeReport, EngineError> {
+        let mut decoded = Vec::with_capacity(peers.len());
+        let mut report = MergeReport::default();
+        for p in peers {
+            match decode(&p.body, &self.spec) {
+                Ok(update) => decoded.push((p, update)),
+                Err(_) => report.rejected.push((p.sender, "decode")),
+            }
+        }
+        let refs: Vec<UpdateRef<'_>> = decoded
+            .iter()
+            .map(|(p, u)| UpdateRef {
+                update: u,
+                samples: p.samples,
+            })
+            .collect();
+        let synthesis = synthesize(
+            UpdateRef {
+                update: &own.full,
+                samples: own.samples,
+            },
+            &refs,
+            &self.synth,
+        )
+        .map_err(|e| EngineError::Distill(e.to_string()))?;
+        for ((p, update), verdict) in decoded.iter().zip(&synthesis.verdicts) {
+            match verdict {
+                Verdict::Accepted { .. } => {
+                    report.partners.push(p.sender);
+                    let _ = self.distiller.accept_peer(update);
+                }
+                Verdict::Rejected(r) => report.rejected.push((p.sender, r.reason())),
+            }
+        }
+        match &mut self.source {
+            Source::Builtin(b) => {
+                let model = &mut b.model;
+                model.set_params(&self.base)?;
+                model.apply_update(&synthesis.merged)?;
+                self.base = model.params()?;
+            }
+            Source::External { .. } => {
+                for (b, m) in self.base.iter_mut().zip(&synthesis.merged) {
+                    *b += m;
+                }
+            }
+        }
+        report.merged = synthesis.merged;
+        Ok(report)
+    }
+
+    /// Held-out accuracy of the built-in model (`None` for an external trainer).
+    ///
+    /// # Errors
+    /// [`EngineError::Model`] on a tensor failure.
+    pub fn accuracy(&self) -> Result<Option<f32>, EngineError> {
+        match &self.source {
+            Source::Builtin(b) => Ok(Some(b.model.accuracy(&b.eval)?)),
+            Source::External { .. } => Ok(None),
+        }
+    }
+
+    /// Commit round `round`: parameters (or, for an external trainer, the merged update) and
+    /// distiller state as blobs, then one atomic round record; old packets and blobs are swept.
+    ///
+    /// # Errors
+    /// [`EngineError::Store`] when writing fails; the previous round stays committed then.
+    pub fn checkpoint(&mut self, round: u64, merged: Vec<f32>) -> Result<(), EngineError> {
+        // `base` is already the state after this round's merge: model parameters (built-in) or
+        // the cumulative merged update (external).
+        let checkpoint = self
+            .store
+            .put_blob(&params_to_bytes(&self.base, &self.spec))?;
+        let residuals = self.store.put_blob(&self.distiller.state().to_bytes())?;
+        self.store.commit_round(RoundState {
+            round,
+            checkpoint,
+            residuals,
+        })?;
+        self.last_round = Some(round);
+        self.last_merged = Some((round, merged));
+        // Keep our packets of this and the previous round (peers may still fetch them).
+        let keep_from = round.saturating_sub(1);
+        self.store.sweep(|header| {
+            kindred_proto::decode_header(header).is_ok_and(|h| h.header().round >= keep_from)
+        })?;
+        Ok(())
+    }
+}
+
+/// A per-peer seed component.
+fn seed_of(peer: &PeerId) -> u64 {
+    let h = blake3::hash(&peer.to_bytes());
+    u64::from_le_bytes(h.as_bytes()[..8].try_into().unwrap_or_default())
+}
+
+const PARAMS_MAGIC: &[u8; 8] = b"KDPARAM1";
+
+/// Checkpoint encoding: magic, model id, little-endian f32 values.
+fn params_to_bytes(params: &[f32], spec: &ModelSpec) -> Vec<u8> {
+    let mut out = Vec::with_capacity(40 + params.len() * 4);
+    out.extend_from_slice(PARAMS_MAGIC);
+    out.extend_from_slice(&spec.id().0);
+    for p in params {
+        out.extend_from_slice(&p.to_le_bytes());
+    }
+    out
+}
+
+fn params_from_bytes(bytes: &[u8], spec: &ModelSpec) -> Result<Vec<f32>, EngineError> {
+    let bad = |m: &str| EngineError::Checkpoint(m.to_string());
+    let rest = bytes
+        .strip_prefix(PARAMS_MAGIC.as_slice())
+        .ok_or_else(|| bad("not a parameter checkpoint"))?;
+    let rest = rest
+        .strip_prefix(spec.id().0.as_slice())
+        .ok_or_else(|| bad("checkpoint is of another model"))?;
+    if rest.len() as u64 != spec.numel() * 4 {
+        return Err(bad("checkpoint length does not match the model"));
+    }
+    Ok(rest
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect())
+}

@@ -1,0 +1,254 @@
+//! Prometheus metrics of a node, served at `GET /metrics` on the local API.
+//!
+//! Two sources: the round loop updates its own counters and histograms directly (rounds, round
+//! and lookup durations, partners, loss, accuracy, merge verdicts), and the routing layer's
+//! counters (bytes and messages per exchange kind and direction, rejects by reason, bans, DHT
+//! requests) are copied from the last [`RoutingMetrics`] snapshot at scrape time by a collector,
+//! so routing keeps plain integers and never depends on Prometheus.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use kindred_routing::metrics::{KindTraffic, RoutingMetrics};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
+
+/// Label of a merge verdict (`accepted` or a rejection reason).
+type VerdictLabels = Vec<(&'static str, String)>;
+
+/// The node's metrics and the registry that renders them.
+#[derive(Debug)]
+pub struct NodeMetrics {
+    registry: Registry,
+    routing: Arc<RoutingSnapshot>,
+    /// Completed rounds.
+    pub rounds: Counter,
+    /// Wall time of a whole round, seconds.
+    pub round_seconds: Histogram,
+    /// Wall time of the partner lookup (keys, headers, bodies), seconds.
+    pub lookup_seconds: Histogram,
+    /// Peers merged per round.
+    pub partners: Histogram,
+    /// Bytes of our own packets (header + body) per round.
+    pub packet_bytes: Histogram,
+    /// Local training loss of the last round.
+    pub loss: Gauge<f64, AtomicU64>,
+    /// Held-out accuracy after the last round.
+    pub accuracy: Gauge<f64, AtomicU64>,
+    /// Merge verdicts on fetched peer updates, by outcome.
+    pub merge_verdicts: Family<VerdictLabels, Counter>,
+}
+
+impl Default for NodeMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl NodeMetrics {
+    /// A fresh registry with every metric registered under the `kindred` prefix.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("kindred");
+        let routing = Arc::new(RoutingSnapshot::default());
+        let rounds = Counter::default();
+        let round_seconds = Histogram::new(exponential_buckets(0.05, 2.0, 12));
+        let lookup_seconds = Histogram::new(exponential_buckets(0.005, 2.0, 14));
+        let partners = Histogram::new([0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0]);
+        let packet_bytes = Histogram::new(exponential_buckets(256.0, 2.0, 16));
+        let loss = Gauge::<f64, AtomicU64>::default();
+        let accuracy = Gauge::<f64, AtomicU64>::default();
+        let merge_verdicts = Family::<VerdictLabels, Counter>::default();
+        registry.register("rounds", "Completed rounds", rounds.clone());
+        registry.register(
+            "round_seconds",
+            "Wall time of a round",
+            round_seconds.clone(),
+        );
+        registry.register(
+            "lookup_seconds",
+            "Wall time of the partner lookup",
+            lookup_seconds.clone(),
+        );
+        registry.register("partners", "Peers merged per round", partners.clone());
+        registry.register(
+            "packet_bytes",
+            "Bytes of our own packet per round",
+            packet_bytes.clone(),
+        );
+        registry.register(
+            "loss",
+            "Local training loss of the last round",
+            loss.clone(),
+        );
+        registry.register(
+            "accuracy",
+            "Held-out accuracy after the last round",
+            accuracy.clone(),
+        );
+        registry.register(
+            "merge_verdicts",
+            "Merge verdicts on peer updates",
+            merge_verdicts.clone(),
+        );
+        registry.register_collector(Box::new(routing.clone()));
+        Self {
+            registry,
+            routing,
+            rounds,
+            round_seconds,
+            lookup_seconds,
+            partners,
+            packet_bytes,
+            loss,
+            accuracy,
+            merge_verdicts,
+        }
+    }
+
+    /// Replace the routing counters shown at the next scrape.
+    pub fn set_routing(&self, snapshot: RoutingMetrics) {
+        *self
+            .routing
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(snapshot);
+    }
+
+    /// The OpenMetrics text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// The last routing snapshot, rendered on scrape.
+#[derive(Debug, Default)]
+struct RoutingSnapshot(Mutex<Option<RoutingMetrics>>);
+
+impl Collector for RoutingSnapshot {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let guard = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(m) = guard.as_ref() else {
+            return Ok(());
+        };
+
+        let traffic = |k: &KindTraffic| {
+            [
+                ("out", "request", k.requests_sent),
+                ("in", "response", k.responses_received),
+                ("in", "request", k.requests_received),
+                ("out", "response", k.responses_sent),
+            ]
+        };
+        for (name, help, bytes) in [
+            (
+                "rpc_bytes",
+                "Encoded RPC bytes by exchange kind, direction and message",
+                true,
+            ),
+            (
+                "rpc_messages",
+                "RPC messages by exchange kind, direction and message",
+                false,
+            ),
+        ] {
+            let counter = ConstCounter::new(0u64);
+            let mut family = encoder.encode_descriptor(name, help, None, counter.metric_type())?;
+            for (kind, k) in [("headers", &m.headers), ("body", &m.body)] {
+                for (direction, message, t) in traffic(k) {
+                    let labels = [
+                        ("kind", kind),
+                        ("direction", direction),
+                        ("message", message),
+                    ];
+                    let value = if bytes { t.bytes } else { t.messages };
+                    ConstCounter::new(value).encode(family.encode_family(&labels)?)?;
+                }
+            }
+        }
+
+        let counter = ConstCounter::new(0u64);
+        let mut family = encoder.encode_descriptor(
+            "rejects",
+            "Invalid data received, by reason",
+            None,
+            counter.metric_type(),
+        )?;
+        for (reason, n) in &m.rejects {
+            ConstCounter::new(*n).encode(family.encode_family(&[("reason", *reason)])?)?;
+        }
+
+        for (name, help, value) in [
+            ("bans", "Peers banned for invalid data", m.bans),
+            ("lookups", "Partner lookups started", m.lookups_started),
+            (
+                "lookups_timed_out",
+                "Partner lookups that hit their deadline",
+                m.lookups_timed_out,
+            ),
+            (
+                "kad_requests",
+                "Kademlia requests sent by lookups",
+                m.kad_requests,
+            ),
+            (
+                "keys_announced",
+                "Semantic keys announced",
+                m.keys_announced,
+            ),
+            (
+                "headers_accepted",
+                "Peer headers verified and indexed",
+                m.headers_accepted,
+            ),
+            ("bodies_accepted", "Peer bodies verified", m.bodies_accepted),
+        ] {
+            let c = ConstCounter::new(value);
+            c.encode(encoder.encode_descriptor(name, help, None, c.metric_type())?)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_node_and_routing_metrics() {
+        let m = NodeMetrics::new();
+        m.rounds.inc();
+        m.accuracy.set(0.9);
+        m.merge_verdicts
+            .get_or_create(&vec![("verdict", "low_cosine".to_string())])
+            .inc();
+        let mut r = RoutingMetrics::default();
+        r.body.responses_sent.bytes = 12345;
+        r.rejects.insert("bad_signature", 3);
+        m.set_routing(r);
+        let text = m.render();
+        assert!(text.contains("kindred_rounds_total 1"), "{text}");
+        assert!(text.contains("kindred_accuracy 0.9"), "{text}");
+        assert!(
+            text.contains(r#"kindred_merge_verdicts_total{verdict="low_cosine"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                r#"kindred_rpc_bytes_total{kind="body",direction="out",message="response"} 12345"#
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"kindred_rejects_total{reason="bad_signature"} 3"#),
+            "{text}"
+        );
+    }
+}

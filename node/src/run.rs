@@ -1,0 +1,394 @@
+//! The tokio driver of a node: the routing task, the local API and the round schedule.
+//!
+//! Rounds follow the wall clock: round `r` starts at `r × round_secs` since the Unix epoch, so
+//! nodes agree on round numbers (and thus on the DHT keys of a round) without a coordinator, and a
+//! restarted node rejoins at the current round. Within a round:
+//!
+//! | at | step |
+//! |---|---|
+//! | 0 | train (or take the external trainer's update), distill, seal, store, announce |
+//! | [`LOOKUP_AT`] × T | look up partners; the lookup's deadline is [`LOOKUP_BUDGET`] × T |
+//! | when it returns | verify, synthesize, apply, evaluate, checkpoint, report |
+//!
+//! A slow or silent peer costs at most the lookup deadline: whatever was found by then is merged.
+//! On SIGINT/SIGTERM the loop abandons the round in progress (the last committed round stays
+//! intact, by construction of the store), flushes the store, writes `summary.json` and returns.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use kindred_proto::PacketId;
+use kindred_routing::{
+    NetworkId, PacketStore, PartnerQuery, RoutingConfig, RoutingHandle, spawn as spawn_routing,
+};
+use libp2p::Multiaddr;
+use libp2p::pnet::PreSharedKey;
+use tokio::sync::{mpsc, watch};
+
+use crate::api::{self, MAX_HISTORY, RoundRecord, Shared, Status};
+use crate::config::NodeConfig;
+use crate::engine::{Engine, EngineError, ExternalUpdate, PeerPacket};
+use crate::metrics::NodeMetrics;
+use crate::store::Store;
+
+/// When in a round the partner lookup starts, as a fraction of the round length.
+pub const LOOKUP_AT: f64 = 0.45;
+/// Deadline of the partner lookup, as a fraction of the round length.
+pub const LOOKUP_BUDGET: f64 = 0.4;
+
+/// The summary a node writes to `summary.json` in its data directory when it stops.
+pub const SUMMARY_FILE: &str = "summary.json";
+
+/// Serve a node's packets to peers from its store.
+#[derive(Debug)]
+struct StoreSource(Store);
+
+impl PacketStore for StoreSource {
+    fn header(&self, id: &PacketId) -> Option<Vec<u8>> {
+        self.0.packet_header(id).ok().flatten()
+    }
+
+    fn body(&self, id: &PacketId) -> Option<Vec<u8>> {
+        self.0.packet_body(id).ok().flatten()
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Read a swarm key file (the libp2p `/key/swarm/psk/1.0.0/` text format).
+///
+/// # Errors
+/// When the file cannot be read or is not a swarm key.
+pub fn read_swarm_key(path: &Path) -> anyhow::Result<PreSharedKey> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading swarm key {}", path.display()))?;
+    text.parse::<PreSharedKey>()
+        .map_err(|e| anyhow::anyhow!("{} is not a swarm key: {e}", path.display()))
+}
+
+/// Run a node from `data_dir` with `config` until `shutdown` flips to `true` or the configured
+/// number of rounds is done.
+///
+/// # Errors
+/// When the store, the data, the routing task or the API cannot start.
+pub async fn run(
+    config: NodeConfig,
+    data_dir: PathBuf,
+    mut shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<Status> {
+    config.validate()?;
+    let store = Store::open(&data_dir.join("store"))?;
+    let mut engine = tokio::task::block_in_place(|| Engine::open(store.clone(), &config))?;
+    let peer_id = engine.peer_id();
+
+    let mut routing_config = RoutingConfig::new(NetworkId::from_name(&config.network));
+    routing_config.transport.listen = config
+        .listen
+        .iter()
+        .map(|a| a.parse())
+        .collect::<Result<_, _>>()
+        .context("listen address")?;
+    routing_config.transport.listen_addrs_are_external = true;
+    if let Some(path) = &config.swarm_key {
+        routing_config.transport.swarm_key = Some(read_swarm_key(path)?);
+    }
+    let round_len = config.round_duration();
+    routing_config.core.lookup.top_m = config.partners;
+    routing_config.core.lookup.probes = config.probes;
+    routing_config.core.lookup.timeout = round_len.mul_f64(LOOKUP_BUDGET);
+    let keypair = libp2p::identity::Keypair::from(engine.keypair().clone());
+    let (routing, mut events) = spawn_routing(
+        keypair,
+        routing_config,
+        Arc::new(StoreSource(store.clone())),
+    )
+    .await?;
+    tracing::info!(%peer_id, listen = ?routing.listen_addrs(), "node started");
+
+    // Log routing events (peers, bans) as they come; the channel is bounded by routing.
+    tokio::spawn(async move {
+        while let Some(event) = events.recv().await {
+            tracing::debug!(?event, "routing event");
+        }
+    });
+
+    let (updates_tx, mut updates_rx) = mpsc::channel(1);
+    let shared = Arc::new(Shared {
+        status: Default::default(),
+        merged: Default::default(),
+        metrics: NodeMetrics::new(),
+        spec: engine.spec().clone(),
+        updates: updates_tx,
+    });
+    shared.set_status(|s| {
+        s.peer_id = peer_id.to_string();
+        s.listen = routing
+            .listen_addrs()
+            .iter()
+            .map(|a| format!("{a}/p2p/{peer_id}"))
+            .collect();
+        s.round = engine.last_round();
+        s.restored = engine.restored();
+    });
+    if let Some(addr) = config.api {
+        let mut stop = shutdown.clone();
+        let local = api::serve(addr, shared.clone(), async move {
+            let _ = stop.wait_for(|s| *s).await;
+        })
+        .await
+        .with_context(|| format!("binding the API to {addr}"))?;
+        tracing::info!(api = %local, "API listening");
+    }
+
+    // Join in the background: rounds start on schedule even while bootstrap peers are down.
+    {
+        let routing = routing.clone();
+        let bootstrap = config.bootstrap.clone();
+        tokio::spawn(async move { join_swarm(&routing, &bootstrap).await });
+    }
+
+    let t_ms = (config.round_secs * 1000.0).round().max(1.0) as u64;
+    let mut round = (now_ms() / t_ms).max(engine.last_round().map_or(0, |r| r + 1));
+    let mut done = 0u64;
+    loop {
+        if config.rounds.is_some_and(|n| done >= n) || *shutdown.borrow() {
+            break;
+        }
+        // A round we are already too late for (a fifth of it gone) is skipped, not half-run.
+        let now = now_ms();
+        round = round.max(now / t_ms);
+        if now > round * t_ms + t_ms / 5 {
+            round += 1;
+        }
+        let start = round * t_ms;
+        let step = tokio::select! {
+            r = run_round(&mut engine, &routing, &shared, &mut updates_rx, round, start, t_ms) => r,
+            _ = shutdown.wait_for(|s| *s) => {
+                tracing::info!(round, "shutting down: abandoning the round in progress");
+                break;
+            }
+        };
+        match step {
+            Ok(()) => done += 1,
+            Err(e) => tracing::warn!(round, error = %e, "round skipped"),
+        }
+        round += 1;
+    }
+
+    if let Some(m) = routing.metrics().await {
+        shared.metrics.set_routing(m);
+    }
+    routing.shutdown().await;
+    store.flush()?;
+    let status = shared.status.read().map(|s| s.clone()).unwrap_or_default();
+    let summary = serde_json::to_vec_pretty(&status)?;
+    std::fs::write(data_dir.join(SUMMARY_FILE), summary)?;
+    tracing::info!(rounds = done, "node stopped cleanly");
+    Ok(status)
+}
+
+/// Dial every bootstrap address (retrying for a while: peers may still be starting) and fill the
+/// routing table.
+async fn join_swarm(routing: &RoutingHandle, bootstrap: &[String]) {
+    if bootstrap.is_empty() {
+        return;
+    }
+    let mut joined = 0;
+    for addr in bootstrap {
+        let Ok(addr) = addr.parse::<Multiaddr>() else {
+            tracing::warn!(%addr, "ignoring a bootstrap address that is not a multiaddr");
+            continue;
+        };
+        for attempt in 0..20u32 {
+            match routing.dial(addr.clone()).await {
+                Ok(peer) => {
+                    tracing::info!(%peer, %addr, "connected to bootstrap peer");
+                    joined += 1;
+                    break;
+                }
+                Err(e) => {
+                    if attempt == 0 {
+                        tracing::warn!(%addr, error = %e, "bootstrap dial failed; retrying");
+                    } else {
+                        tracing::debug!(%addr, attempt, error = %e, "bootstrap dial failed");
+                    }
+                    tokio::time::sleep(Duration::from_millis(250 * u64::from(attempt + 1))).await;
+                }
+            }
+        }
+    }
+    if joined == 0 {
+        tracing::warn!("no bootstrap peer reachable; running alone until peers dial in");
+        return;
+    }
+    if let Err(e) = routing.bootstrap().await {
+        tracing::warn!(error = %e, "DHT bootstrap failed");
+    }
+}
+
+async fn sleep_until_ms(t: u64) {
+    let now = now_ms();
+    if t > now {
+        tokio::time::sleep(Duration::from_millis(t - now)).await;
+    }
+}
+
+/// One round; see the module docs for the schedule.
+async fn run_round(
+    engine: &mut Engine,
+    routing: &RoutingHandle,
+    shared: &Shared,
+    updates: &mut mpsc::Receiver<ExternalUpdate>,
+    round: u64,
+    start: u64,
+    t_ms: u64,
+) -> anyhow::Result<()> {
+    sleep_until_ms(start).await;
+    let began = std::time::Instant::now();
+    if engine.is_external() {
+        // Wait for the trainer's update until the announce deadline.
+        let deadline = Duration::from_millis((start + t_ms / 4).saturating_sub(now_ms()));
+        match tokio::time::timeout(deadline, updates.recv()).await {
+            Ok(Some(u)) => engine.push_external(u)?,
+            _ => return Err(EngineError::NoUpdate.into()),
+        }
+    }
+    let out = tokio::task::block_in_place(|| engine.make_packet(round, now_ms()))?;
+    let packet_bytes = (out.packet.header_bytes.len() + out.packet.body_bytes.len()) as u64;
+    if let Err(e) = routing.announce(out.packet.header.clone()).await {
+        tracing::warn!(round, error = %e, "announce failed");
+    }
+
+    sleep_until_ms(start + (t_ms as f64 * LOOKUP_AT) as u64).await;
+    let lookup_began = std::time::Instant::now();
+    let query = PartnerQuery::new(
+        out.packet.header.clone(),
+        out.margins.clone(),
+        engine.spec().clone(),
+    );
+    let budget = Duration::from_millis((t_ms as f64 * LOOKUP_BUDGET) as u64 + 200);
+    let mut candidates = Vec::new();
+    let found = match tokio::time::timeout(budget, routing.find_partners(query)).await {
+        Ok(Ok(p)) => {
+            candidates = p.candidates.iter().map(|c| c.cosine).collect();
+            tracing::debug!(round, stats = ?p.stats, "lookup");
+            p.packets
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(round, error = %e, "partner lookup failed");
+            Vec::new()
+        }
+        Err(_) => {
+            tracing::warn!(round, "partner lookup hit its deadline");
+            Vec::new()
+        }
+    };
+    let lookup_ms = lookup_began.elapsed().as_millis() as u64;
+    let peers: Vec<PeerPacket> = found
+        .into_iter()
+        .map(|f| {
+            let h = f.packet.header.header();
+            PeerPacket {
+                sender: h.sender,
+                id: f.packet.id(),
+                samples: h.samples,
+                body: f.packet.body,
+            }
+        })
+        .collect();
+
+    let report = tokio::task::block_in_place(|| engine.merge(&out, &peers))?;
+    let accuracy = tokio::task::block_in_place(|| engine.accuracy())?;
+    let merged_st = crate::api::update_to_safetensors(&report.merged, engine.spec()).ok();
+    tokio::task::block_in_place(|| engine.checkpoint(round, report.merged.clone()))?;
+
+    let m = &shared.metrics;
+    m.rounds.inc();
+    m.round_seconds.observe(began.elapsed().as_secs_f64());
+    m.lookup_seconds.observe(lookup_ms as f64 / 1000.0);
+    m.partners.observe(report.partners.len() as f64);
+    m.packet_bytes.observe(packet_bytes as f64);
+    m.loss.set(f64::from(out.loss));
+    if let Some(a) = accuracy {
+        m.accuracy.set(f64::from(a));
+    }
+    for (_, reason) in &report.rejected {
+        m.merge_verdicts
+            .get_or_create(&vec![("verdict", (*reason).to_string())])
+            .inc();
+    }
+    m.merge_verdicts
+        .get_or_create(&vec![("verdict", "accepted".to_string())])
+        .inc_by(report.partners.len() as u64);
+    let info = routing.info().await;
+    let routing_metrics = routing.metrics().await;
+    if let Some(rm) = &routing_metrics {
+        m.set_routing(rm.clone());
+    }
+    if let Some(bytes) = merged_st {
+        *shared
+            .merged
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((round, bytes));
+    }
+    let record = RoundRecord {
+        round,
+        loss: out.loss,
+        accuracy,
+        partners: report.partners.iter().map(ToString::to_string).collect(),
+        rejected: report
+            .rejected
+            .iter()
+            .map(|(p, r)| (p.to_string(), (*r).to_string()))
+            .collect(),
+        packet_bytes,
+        f32_bytes: engine.spec().f32_bytes(),
+        lookup_ms,
+    };
+    tracing::info!(
+        round,
+        loss = format_args!("{:.4}", out.loss),
+        accuracy = accuracy
+            .map(|a| format!("{:.2}%", a * 100.0))
+            .unwrap_or_else(|| "-".into()),
+        partners = report.partners.len(),
+        rejected = report.rejected.len(),
+        candidates = candidates.len(),
+        best_cosine = candidates
+            .first()
+            .map(|c| format!("{c:.2}"))
+            .unwrap_or_default(),
+        bytes_out = packet_bytes,
+        lookup_ms,
+        "round done"
+    );
+    shared.set_status(|s| {
+        s.round = Some(round);
+        if let Some(i) = &info {
+            s.connected = i.connected.len();
+            s.banned = i.banned.len();
+        }
+        if let Some(rm) = &routing_metrics {
+            s.rejects = rm
+                .rejects
+                .iter()
+                .map(|(k, v)| ((*k).to_string(), *v))
+                .collect();
+            let peers = rm.peers.values().chain(std::iter::once(&rm.other_peers));
+            (s.bytes_sent, s.bytes_received) =
+                peers.fold((0, 0), |(o, i), p| (o + p.bytes_out, i + p.bytes_in));
+        }
+        s.history.push(record);
+        if s.history.len() > MAX_HISTORY {
+            s.history.remove(0);
+        }
+    });
+    Ok(())
+}

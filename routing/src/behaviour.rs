@@ -1,0 +1,147 @@
+//! The composed libp2p `NetworkBehaviour`: ban list, connection limits, Kademlia, identify,
+//! ping, and the header/body request-response protocol.
+//!
+//! Order matters: the ban list and the limits come first so that a banned peer or a connection
+//! over the limits is refused before any other behaviour sees it.
+
+use std::convert::Infallible;
+
+use kindred_proto::rpc::{RpcRequest, RpcResponse};
+use libp2p::identity::Keypair;
+use libp2p::kad::store::{MemoryStore, MemoryStoreConfig};
+use libp2p::swarm::NetworkBehaviour;
+use libp2p::{
+    StreamProtocol, allow_block_list, connection_limits, identify, kad, ping, request_response,
+};
+
+use crate::codec::{RPC_PROTOCOL, RpcCodec};
+use crate::config::{ConnectionConfig, KadConfig, KadMode, RoutingConfig};
+
+/// Kademlia protocol name of Kindred's DHT.
+pub const KAD_PROTOCOL: StreamProtocol = StreamProtocol::new("/kindred/kad/1.0.0");
+
+/// Identify protocol version string.
+pub const IDENTIFY_VERSION: &str = "/kindred/1.0.0";
+
+/// Kindred's libp2p behaviour. Events surface as [`BehaviourEvent`].
+#[derive(NetworkBehaviour)]
+#[behaviour(to_swarm = "BehaviourEvent")]
+pub struct Behaviour {
+    /// Banned peers: connections refused, existing ones closed.
+    pub blocked: allow_block_list::Behaviour<allow_block_list::BlockedPeers>,
+    /// Connection limits.
+    pub limits: connection_limits::Behaviour,
+    /// The DHT: provider records of semantic keys.
+    pub kad: kad::Behaviour<MemoryStore>,
+    /// Exchange of listen addresses and protocols (fed into Kademlia).
+    pub identify: identify::Behaviour,
+    /// Liveness.
+    pub ping: ping::Behaviour,
+    /// `GetHeaders` / `GetBody`.
+    pub rpc: request_response::Behaviour<RpcCodec>,
+}
+
+/// What [`Behaviour`] reports to the swarm.
+#[derive(Debug)]
+pub enum BehaviourEvent {
+    /// A Kademlia event (query progress, routing table updates); boxed, it is large.
+    Kad(Box<kad::Event>),
+    /// An identify event (a peer's listen addresses and protocols).
+    Identify(Box<identify::Event>),
+    /// A ping result.
+    Ping(ping::Event),
+    /// A request, response or failure of `/kindred/rpc/1.0.0`.
+    Rpc(request_response::Event<RpcRequest, RpcResponse>),
+}
+
+impl From<Infallible> for BehaviourEvent {
+    fn from(never: Infallible) -> Self {
+        match never {}
+    }
+}
+
+impl From<kad::Event> for BehaviourEvent {
+    fn from(e: kad::Event) -> Self {
+        Self::Kad(Box::new(e))
+    }
+}
+
+impl From<identify::Event> for BehaviourEvent {
+    fn from(e: identify::Event) -> Self {
+        Self::Identify(Box::new(e))
+    }
+}
+
+impl From<ping::Event> for BehaviourEvent {
+    fn from(e: ping::Event) -> Self {
+        Self::Ping(e)
+    }
+}
+
+impl From<request_response::Event<RpcRequest, RpcResponse>> for BehaviourEvent {
+    fn from(e: request_response::Event<RpcRequest, RpcResponse>) -> Self {
+        Self::Rpc(e)
+    }
+}
+
+fn kad_config(cfg: &KadConfig) -> kad::Config {
+    let mut c = kad::Config::new(KAD_PROTOCOL);
+    c.set_replication_factor(cfg.replication_factor)
+        .set_parallelism(cfg.parallelism)
+        .set_query_timeout(cfg.query_timeout)
+        .set_provider_record_ttl(Some(cfg.provider_ttl))
+        .set_provider_publication_interval(Some(cfg.provider_ttl / 2))
+        // Kindred stores no values, only provider records.
+        .set_record_ttl(Some(cfg.provider_ttl));
+    c
+}
+
+fn limits(cfg: &ConnectionConfig) -> connection_limits::ConnectionLimits {
+    connection_limits::ConnectionLimits::default()
+        .with_max_established_incoming(Some(cfg.max_established_incoming))
+        .with_max_established_outgoing(Some(cfg.max_established_outgoing))
+        .with_max_established_per_peer(Some(cfg.max_established_per_peer))
+        .with_max_pending_incoming(Some(cfg.max_pending_incoming))
+        .with_max_pending_outgoing(Some(cfg.max_pending_outgoing))
+}
+
+impl Behaviour {
+    /// The behaviour for `keypair` under `config`.
+    pub fn new(keypair: &Keypair, config: &RoutingConfig) -> Self {
+        let peer = keypair.public().to_peer_id();
+        let store = MemoryStore::with_config(
+            peer,
+            MemoryStoreConfig {
+                max_records: 16,
+                max_value_bytes: 1024,
+                max_providers_per_key: config.kad.max_providers_per_key,
+                max_provided_keys: 4096,
+            },
+        );
+        let mut kad = kad::Behaviour::with_config(peer, store, kad_config(&config.kad));
+        match config.kad.mode {
+            KadMode::Auto => kad.set_mode(None),
+            KadMode::Server => kad.set_mode(Some(kad::Mode::Server)),
+            KadMode::Client => kad.set_mode(Some(kad::Mode::Client)),
+        }
+        let identify = identify::Behaviour::new(
+            identify::Config::new(IDENTIFY_VERSION.to_owned(), keypair.public())
+                .with_agent_version(format!("kindred/{}", env!("CARGO_PKG_VERSION"))),
+        );
+        let rpc = request_response::Behaviour::with_codec(
+            RpcCodec::default(),
+            [(RPC_PROTOCOL, request_response::ProtocolSupport::Full)],
+            request_response::Config::default()
+                .with_request_timeout(config.transport.request_timeout)
+                .with_max_concurrent_streams(64),
+        );
+        Self {
+            blocked: allow_block_list::Behaviour::default(),
+            limits: connection_limits::Behaviour::new(limits(&config.connections)),
+            kad,
+            identify,
+            ping: ping::Behaviour::new(ping::Config::new()),
+            rpc,
+        }
+    }
+}

@@ -1,0 +1,242 @@
+//! The request-response codec for `/kindred/rpc/1.0.0`: length-prefixed postcard frames.
+//!
+//! Each stream carries one request and its response, each as `u32 big-endian length ‖ bytes`.
+//! The length is compared with the limit *before* anything is read or allocated: requests may be
+//! at most [`MAX_REQUEST_BYTES`], and a response at most the limit of the request that caused it
+//! (a headers response is small, a body response may be large). The codec instance that writes a
+//! request is the one that reads its response (libp2p clones it per outbound stream), so it
+//! remembers which limit applies.
+//!
+//! Decoding failures surface as `io::Error`s of kind `InvalidData` wrapping a typed
+//! [`CodecError`]; [`CodecError::from_io`] recovers it so the driver can score the peer by the
+//! exact reason.
+
+use std::io;
+
+use futures::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use kindred_proto::rpc::{
+    MAX_REQUEST_BYTES, MAX_RESPONSE_BYTES, RpcDecodeError, RpcEncodeError, RpcRequest, RpcResponse,
+};
+use libp2p::StreamProtocol;
+use libp2p::request_response::Codec;
+
+/// The protocol name.
+pub const RPC_PROTOCOL: StreamProtocol = StreamProtocol::new("/kindred/rpc/1.0.0");
+
+/// Why a frame could not be read or written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CodecError {
+    /// The length prefix exceeds the limit; nothing was read past it.
+    #[error("frame of {len} bytes is over the limit of {max}")]
+    FrameTooLarge {
+        /// Claimed length.
+        len: u64,
+        /// The limit.
+        max: u64,
+    },
+    /// The stream ended inside the frame.
+    #[error("frame is truncated")]
+    Truncated,
+    /// The frame's bytes are not a valid message.
+    #[error(transparent)]
+    Decode(#[from] RpcDecodeError),
+    /// The local message breaks a wire limit and was not sent.
+    #[error(transparent)]
+    Encode(#[from] RpcEncodeError),
+}
+
+impl CodecError {
+    /// A short, stable label for metrics and scoring.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::FrameTooLarge { .. } => "rpc_oversize",
+            Self::Truncated => "rpc_truncated",
+            Self::Decode(e) => e.reason(),
+            Self::Encode(_) => "rpc_encode",
+        }
+    }
+
+    /// The codec error inside an `io::Error` produced by this codec, if it is one.
+    pub fn from_io(err: &io::Error) -> Option<&Self> {
+        err.get_ref().and_then(|e| e.downcast_ref::<Self>())
+    }
+}
+
+impl From<CodecError> for io::Error {
+    fn from(e: CodecError) -> Self {
+        Self::new(io::ErrorKind::InvalidData, e)
+    }
+}
+
+/// Length-prefixed postcard codec with per-kind response limits.
+#[derive(Debug, Clone)]
+pub struct RpcCodec {
+    response_limit: usize,
+}
+
+impl Default for RpcCodec {
+    fn default() -> Self {
+        Self {
+            response_limit: MAX_RESPONSE_BYTES,
+        }
+    }
+}
+
+async fn read_frame<T: AsyncRead + Unpin + Send>(io: &mut T, max: usize) -> io::Result<Vec<u8>> {
+    let mut prefix = [0u8; 4];
+    io.read_exact(&mut prefix).await.map_err(|e| {
+        if e.kind() == io::ErrorKind::UnexpectedEof {
+            CodecError::Truncated.into()
+        } else {
+            e
+        }
+    })?;
+    let len = u32::from_be_bytes(prefix) as usize;
+    if len > max {
+        return Err(CodecError::FrameTooLarge {
+            len: len as u64,
+            max: max as u64,
+        }
+        .into());
+    }
+    // Grow with the data actually received rather than trusting the prefix up front.
+    let mut buf = Vec::with_capacity(len.min(64 * 1024));
+    io.take(len as u64).read_to_end(&mut buf).await?;
+    if buf.len() != len {
+        return Err(CodecError::Truncated.into());
+    }
+    Ok(buf)
+}
+
+async fn write_frame<T: AsyncWrite + Unpin + Send>(io: &mut T, bytes: &[u8]) -> io::Result<()> {
+    let len = u32::try_from(bytes.len()).map_err(|_| CodecError::FrameTooLarge {
+        len: bytes.len() as u64,
+        max: u64::from(u32::MAX),
+    })?;
+    io.write_all(&len.to_be_bytes()).await?;
+    io.write_all(bytes).await?;
+    io.close().await
+}
+
+impl Codec for RpcCodec {
+    type Protocol = StreamProtocol;
+    type Request = RpcRequest;
+    type Response = RpcResponse;
+
+    async fn read_request<T>(&mut self, _: &StreamProtocol, io: &mut T) -> io::Result<RpcRequest>
+    where
+        T: AsyncRead + Unpin + Send,
+    {
+        let bytes = read_frame(io, MAX_REQUEST_BYTES).await?;
+        RpcRequest::decode(&bytes).map_err(|e| CodecError::Decode(e).into())
+    }
+
+    async fn read_response<T>(&mut self, _: &StreamProtocol, io: &mut T) -> io::Result<RpcResponse>
+    where
+        T: AsyncRead + Unpin + Send,
+    {
+        let limit = self.response_limit;
+        let bytes = read_frame(io, limit).await?;
+        RpcResponse::decode(&bytes, limit).map_err(|e| CodecError::Decode(e).into())
+    }
+
+    async fn write_request<T>(
+        &mut self,
+        _: &StreamProtocol,
+        io: &mut T,
+        request: RpcRequest,
+    ) -> io::Result<()>
+    where
+        T: AsyncWrite + Unpin + Send,
+    {
+        self.response_limit = request.response_limit();
+        let bytes = request.encode().map_err(CodecError::Encode)?;
+        write_frame(io, &bytes).await
+    }
+
+    async fn write_response<T>(
+        &mut self,
+        _: &StreamProtocol,
+        io: &mut T,
+        response: RpcResponse,
+    ) -> io::Result<()>
+    where
+        T: AsyncWrite + Unpin + Send,
+    {
+        let bytes = response.encode().map_err(CodecError::Encode)?;
+        write_frame(io, &bytes).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use futures::executor::block_on;
+    use futures::io::Cursor;
+    use kindred_proto::rpc::{HeaderQuery, RequestId};
+
+    fn framed(bytes: &[u8]) -> Vec<u8> {
+        let mut out = (bytes.len() as u32).to_be_bytes().to_vec();
+        out.extend_from_slice(bytes);
+        out
+    }
+
+    #[test]
+    fn round_trip_and_limits() {
+        block_on(async {
+            let mut codec = RpcCodec::default();
+            let request = RpcRequest::GetHeaders {
+                id: RequestId(3),
+                query: HeaderQuery::Keys(vec![[1; 32]]),
+            };
+            let mut out = Cursor::new(Vec::new());
+            codec
+                .write_request(&RPC_PROTOCOL, &mut out, request.clone())
+                .await
+                .unwrap();
+            let mut input = Cursor::new(out.into_inner());
+            assert_eq!(
+                codec.read_request(&RPC_PROTOCOL, &mut input).await.unwrap(),
+                request
+            );
+
+            // After a headers request, a body-sized response is refused on its prefix alone.
+            let claim = (kindred_proto::rpc::MAX_HEADERS_RESPONSE_BYTES as u32 + 1).to_be_bytes();
+            let mut input = Cursor::new(claim.to_vec());
+            let err = codec
+                .read_response(&RPC_PROTOCOL, &mut input)
+                .await
+                .unwrap_err();
+            assert_eq!(CodecError::from_io(&err).unwrap().reason(), "rpc_oversize");
+
+            // Garbage and truncation are typed.
+            let mut input = Cursor::new(framed(&[9, 9, 9]));
+            let err = codec
+                .read_response(&RPC_PROTOCOL, &mut input)
+                .await
+                .unwrap_err();
+            assert_eq!(CodecError::from_io(&err).unwrap().reason(), "rpc_malformed");
+            let mut short = framed(&[0, 1, 0]);
+            short.truncate(5);
+            let err = codec
+                .read_response(&RPC_PROTOCOL, &mut Cursor::new(short))
+                .await
+                .unwrap_err();
+            assert_eq!(CodecError::from_io(&err).unwrap(), &CodecError::Truncated);
+            let err = codec
+                .read_request(&RPC_PROTOCOL, &mut Cursor::new(vec![0, 0]))
+                .await
+                .unwrap_err();
+            assert_eq!(CodecError::from_io(&err).unwrap(), &CodecError::Truncated);
+            let huge = ((MAX_REQUEST_BYTES + 1) as u32).to_be_bytes().to_vec();
+            let err = codec
+                .read_request(&RPC_PROTOCOL, &mut Cursor::new(huge))
+                .await
+                .unwrap_err();
+            assert_eq!(CodecError::from_io(&err).unwrap().reason(), "rpc_oversize");
+        });
+    }
+}

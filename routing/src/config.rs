@@ -1,0 +1,264 @@
+//! Configuration: the sans-IO core's parameters ([`CoreConfig`]) and the libp2p driver's
+//! ([`RoutingConfig`]). Every default is documented with the reason for its value.
+
+use std::num::NonZeroUsize;
+use std::time::Duration;
+
+use libp2p::Multiaddr;
+use libp2p::pnet::PreSharedKey;
+
+use crate::keys::{KeyConfig, NetworkId, ShardPolicy};
+use crate::scoring::ScoreConfig;
+
+/// Parameters of one round lookup (defaults for [`crate::PartnerQuery`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LookupConfig {
+    /// Multi-probe keys looked up besides the `L` band keys. Default 8: each probe is one more
+    /// O(log N) DHT lookup, and the first few (single low-margin bit flips) recover most of the
+    /// neighbours the exact bands miss.
+    pub probes: usize,
+    /// Bodies fetched: the `m` best-ranked candidates above [`LookupConfig::min_cosine`].
+    /// Default 5.
+    pub top_m: usize,
+    /// Candidates below this sketch cosine are never fetched, however few others there are.
+    /// Default 0.5: unrelated updates sit near 0, so this keeps bodies within the task.
+    pub min_cosine: f32,
+    /// A provider lookup ends early once this many DHT nodes have answered with provider
+    /// records for its key. Default 2: every node holding a key's records got them from the
+    /// same announcers, so further holders mostly repeat the same providers, and one extra
+    /// holder covers an announcer that reached a slightly different set of nodes. 0 lets every
+    /// lookup run to Kademlia's own termination.
+    pub provider_quorum: usize,
+    /// Ranked candidate headers returned. Default 32.
+    pub candidates: usize,
+    /// Deadline of a whole round lookup; what was found by then is returned. Default 30 s.
+    pub timeout: Duration,
+    /// Most distinct providers asked for headers per lookup. Default 256.
+    pub max_providers: usize,
+    /// Header requests in flight per lookup. Default 16.
+    pub header_concurrency: usize,
+    /// Round lookups in flight per node. Default 8.
+    pub max_concurrent: usize,
+}
+
+impl Default for LookupConfig {
+    fn default() -> Self {
+        Self {
+            probes: 8,
+            top_m: 5,
+            min_cosine: 0.5,
+            provider_quorum: 2,
+            candidates: 32,
+            timeout: Duration::from_secs(30),
+            max_providers: 256,
+            header_concurrency: 16,
+            max_concurrent: 8,
+        }
+    }
+}
+
+/// Parameters of the sans-IO [`crate::RoutingCore`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct CoreConfig {
+    /// The network's id (hashed into every key).
+    pub network: NetworkId,
+    /// LSH band layout. Default 16 × 16.
+    pub keys: KeyConfig,
+    /// Rounds per key window. Default 1: keys change every round.
+    pub window_len: u64,
+    /// Windows whose announcements and indexed headers are kept. Default 2 (the current and the
+    /// previous one, so a lookup racing a window change still finds its peers).
+    pub retain_windows: u64,
+    /// Round lookup parameters.
+    pub lookup: LookupConfig,
+    /// When hot keys are sharded.
+    pub shards: ShardPolicy,
+    /// Peer scoring and bans.
+    pub scoring: ScoreConfig,
+    /// Most `(sender, model)` replay marks kept. Default 65,536.
+    pub replay_capacity: usize,
+    /// Most headers indexed per window. Default 16,384.
+    pub index_capacity: usize,
+    /// Most hot bands remembered. Default 4,096.
+    pub hot_band_capacity: usize,
+}
+
+impl CoreConfig {
+    /// Defaults for `network`.
+    pub fn new(network: NetworkId) -> Self {
+        Self {
+            network,
+            keys: KeyConfig::default(),
+            window_len: 1,
+            retain_windows: 2,
+            lookup: LookupConfig::default(),
+            shards: ShardPolicy::default(),
+            scoring: ScoreConfig::default(),
+            replay_capacity: 65_536,
+            index_capacity: 16_384,
+            hot_band_capacity: 4096,
+        }
+    }
+}
+
+/// Whether Kademlia answers queries (server) or only asks (client).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KadMode {
+    /// Server once an external address is confirmed (reachable), client before: libp2p's
+    /// default, right for most deployments.
+    Auto,
+    /// Always serve (a node known to be reachable, e.g. a bootstrap node).
+    Server,
+    /// Never serve (a node behind NAT without port forwarding).
+    Client,
+}
+
+/// Kademlia parameters.
+///
+/// A provider lookup costs about `k + α` requests when the key's holders are already in the
+/// routing table, and up to every peer within the `k` closest plus those contacted while
+/// libp2p's iterator is stalled (it keeps `k` requests in flight until the `k` closest have
+/// answered) otherwise; measured on loopback swarms that is ≈ `2k + α` at N = 16 to 256.
+/// libp2p's default `k = 20` would cost at least 20 requests per lookup, over the `3·log2 N`
+/// budget for every N below 2^7. `k = 5`, `α = 2` keeps a full lookup under budget from N = 16
+/// (12 requests) up, and [`LookupConfig::provider_quorum`] ends most lookups of populated keys
+/// after 3–5 requests. Five replicas per provider record are plenty for records that live one
+/// round window.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KadConfig {
+    /// Replication factor `k`: provider records are stored on the `k` closest nodes to a key, and
+    /// a lookup ends once the `k` closest nodes it knows have answered. Default 5.
+    pub replication_factor: NonZeroUsize,
+    /// Parallelism `α` of iterative lookups. Default 2.
+    pub parallelism: NonZeroUsize,
+    /// Deadline of one DHT query. Default 20 s.
+    pub query_timeout: Duration,
+    /// How long provider records live. Default 1 h: keys change every window, so records only
+    /// need to outlive a few rounds.
+    pub provider_ttl: Duration,
+    /// Most providers stored per key. Default 64: above the shard threshold, so hot keys are
+    /// visible as such before they are split.
+    pub max_providers_per_key: usize,
+    /// Server or client.
+    pub mode: KadMode,
+}
+
+impl Default for KadConfig {
+    fn default() -> Self {
+        Self {
+            replication_factor: NonZeroUsize::new(5).unwrap_or(NonZeroUsize::MIN),
+            parallelism: NonZeroUsize::new(2).unwrap_or(NonZeroUsize::MIN),
+            query_timeout: Duration::from_secs(20),
+            provider_ttl: Duration::from_secs(3600),
+            max_providers_per_key: 64,
+            mode: KadMode::Auto,
+        }
+    }
+}
+
+/// Which byte stream carries connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransportKind {
+    /// TCP (listen on `/ip4/…/tcp/…`).
+    Tcp,
+    /// libp2p's in-process memory transport (listen on `/memory/0`): tests and simulations.
+    Memory,
+}
+
+/// Transport and connection-lifecycle parameters.
+#[derive(Debug, Clone)]
+pub struct TransportConfig {
+    /// TCP or in-memory.
+    pub kind: TransportKind,
+    /// Pre-shared key of a private swarm: connections are wrapped in libp2p pnet, and peers
+    /// without the same key cannot connect.
+    pub swarm_key: Option<PreSharedKey>,
+    /// Deadline for the whole connection upgrade (pnet, Noise, yamux). Default 5 s: a peer with
+    /// the wrong swarm key fails the handshake well within 10 s instead of hanging.
+    pub handshake_timeout: Duration,
+    /// Idle connections are closed after this. Default 60 s.
+    pub idle_timeout: Duration,
+    /// Deadline of one `GetHeaders`/`GetBody` exchange. Default 10 s.
+    pub request_timeout: Duration,
+    /// Addresses to listen on.
+    pub listen: Vec<Multiaddr>,
+    /// Addresses known to be reachable from other peers (switch Kademlia to server mode).
+    pub external: Vec<Multiaddr>,
+    /// Treat the actual listen addresses as reachable (a host with a public address, a LAN, or
+    /// loopback tests). Default false.
+    pub listen_addrs_are_external: bool,
+}
+
+impl Default for TransportConfig {
+    fn default() -> Self {
+        Self {
+            kind: TransportKind::Tcp,
+            swarm_key: None,
+            handshake_timeout: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(60),
+            request_timeout: Duration::from_secs(10),
+            listen: Vec::new(),
+            external: Vec::new(),
+            listen_addrs_are_external: false,
+        }
+    }
+}
+
+/// Connection limits (libp2p `connection-limits`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionConfig {
+    /// Established inbound connections. Default 256.
+    pub max_established_incoming: u32,
+    /// Established outbound connections. Default 256.
+    pub max_established_outgoing: u32,
+    /// Established connections per peer. Default 2 (one each way during simultaneous dials).
+    pub max_established_per_peer: u32,
+    /// Inbound connections still handshaking. Default 64.
+    pub max_pending_incoming: u32,
+    /// Outbound connections still handshaking. Default 64.
+    pub max_pending_outgoing: u32,
+}
+
+impl Default for ConnectionConfig {
+    fn default() -> Self {
+        Self {
+            max_established_incoming: 256,
+            max_established_outgoing: 256,
+            max_established_per_peer: 2,
+            max_pending_incoming: 64,
+            max_pending_outgoing: 64,
+        }
+    }
+}
+
+/// Everything the tokio driver needs.
+#[derive(Debug, Clone)]
+pub struct RoutingConfig {
+    /// Sans-IO core parameters.
+    pub core: CoreConfig,
+    /// Kademlia parameters.
+    pub kad: KadConfig,
+    /// Transport parameters.
+    pub transport: TransportConfig,
+    /// Connection limits.
+    pub connections: ConnectionConfig,
+    /// Capacity of the command channel from handles to the driver. Default 64.
+    pub command_capacity: usize,
+    /// Capacity of the event channel to the node; events past it are dropped (and counted).
+    /// Default 256.
+    pub event_capacity: usize,
+}
+
+impl RoutingConfig {
+    /// Defaults for `network`, listening on nothing yet.
+    pub fn new(network: NetworkId) -> Self {
+        Self {
+            core: CoreConfig::new(network),
+            kad: KadConfig::default(),
+            transport: TransportConfig::default(),
+            connections: ConnectionConfig::default(),
+            command_capacity: 64,
+            event_capacity: 256,
+        }
+    }
+}

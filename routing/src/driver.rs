@@ -1,0 +1,479 @@
+//! The tokio driver: owns the libp2p swarm and a [`RoutingCore`], and translates between them.
+//!
+//! The driver makes no decisions. Swarm events become `handle_*` calls on the core, the core's
+//! [`Output`]s become swarm calls, and commands from [`crate::RoutingHandle`]s start core
+//! operations whose results are sent back when the matching output appears. One task, one
+//! `select!` over commands, swarm events and the core's next deadline.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::StreamExt;
+use kindred_proto::rpc::RequestId;
+use libp2p::kad::{self, GetProvidersOk, QueryId, QueryResult, RecordKey};
+use libp2p::request_response::{self, InboundFailure, OutboundFailure, OutboundRequestId};
+use libp2p::swarm::dial_opts::DialOpts;
+use libp2p::swarm::{ConnectionId, SwarmEvent};
+use libp2p::{PeerId, Swarm, identify};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::behaviour::{Behaviour, BehaviourEvent, KAD_PROTOCOL};
+use crate::codec::CodecError;
+use crate::config::RoutingConfig;
+use crate::core::{AnnounceError, AnnounceId, AnnounceReport, Output, RequestFailure, RoutingCore};
+use crate::handle::{BootstrapError, Command, DialError, NodeInfo, RoutingEvent};
+use crate::keys::SemanticKey;
+use crate::lookup::{LookupError, LookupId, Partners};
+use crate::store::PacketStore;
+
+/// Listen addresses taken from one identify message.
+const MAX_IDENTIFY_ADDRS: usize = 16;
+
+#[derive(Debug, Clone, Copy)]
+enum QueryCtx {
+    Provide(AnnounceId),
+    Providers(LookupId, SemanticKey),
+    Bootstrap,
+}
+
+pub(crate) struct Driver {
+    swarm: Swarm<Behaviour>,
+    core: RoutingCore,
+    store: Arc<dyn PacketStore>,
+    commands: mpsc::Receiver<Command>,
+    events: mpsc::Sender<RoutingEvent>,
+    config: RoutingConfig,
+    queries: HashMap<QueryId, QueryCtx>,
+    lookup_queries: HashMap<LookupId, HashMap<SemanticKey, QueryId>>,
+    requests: HashMap<OutboundRequestId, RequestId>,
+    announce_replies: HashMap<AnnounceId, oneshot::Sender<Result<AnnounceReport, AnnounceError>>>,
+    lookup_replies: HashMap<LookupId, oneshot::Sender<Result<Partners, LookupError>>>,
+    dials: HashMap<ConnectionId, oneshot::Sender<Result<PeerId, DialError>>>,
+    bootstraps: HashMap<QueryId, oneshot::Sender<Result<(), BootstrapError>>>,
+    dropped_events: u64,
+}
+
+impl Driver {
+    pub(crate) fn new(
+        swarm: Swarm<Behaviour>,
+        core: RoutingCore,
+        store: Arc<dyn PacketStore>,
+        commands: mpsc::Receiver<Command>,
+        events: mpsc::Sender<RoutingEvent>,
+        config: RoutingConfig,
+    ) -> Self {
+        Self {
+            swarm,
+            core,
+            store,
+            commands,
+            events,
+            config,
+            queries: HashMap::new(),
+            lookup_queries: HashMap::new(),
+            requests: HashMap::new(),
+            announce_replies: HashMap::new(),
+            lookup_replies: HashMap::new(),
+            dials: HashMap::new(),
+            bootstraps: HashMap::new(),
+            dropped_events: 0,
+        }
+    }
+
+    pub(crate) async fn run(mut self) {
+        let mut shutdown = None;
+        loop {
+            let deadline = self.core.poll_timeout();
+            let sleep = async move {
+                match deadline {
+                    Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
+                    None => futures::future::pending().await,
+                }
+            };
+            tokio::select! {
+                command = self.commands.recv() => match command {
+                    Some(Command::Shutdown { reply }) => {
+                        shutdown = Some(reply);
+                        break;
+                    }
+                    Some(command) => self.on_command(command),
+                    None => break,
+                },
+                event = self.swarm.select_next_some() => self.on_swarm_event(event),
+                () = sleep => self.core.handle_timeout(Instant::now()),
+            }
+            self.drain_outputs();
+        }
+        tracing::debug!(peer = %self.core.local_peer(), "routing driver stopped");
+        drop(self.swarm);
+        if let Some(reply) = shutdown {
+            let _ = reply.send(());
+        }
+    }
+
+    fn emit(&mut self, event: RoutingEvent) {
+        if let Err(mpsc::error::TrySendError::Full(_)) = self.events.try_send(event) {
+            self.dropped_events += 1;
+        }
+    }
+
+    fn on_command(&mut self, command: Command) {
+        let now = Instant::now();
+        match command {
+            Command::Dial { addr, reply } => {
+                let opts = DialOpts::unknown_peer_id().address(addr).build();
+                let id = opts.connection_id();
+                match self.swarm.dial(opts) {
+                    Ok(()) => {
+                        self.dials.insert(id, reply);
+                    }
+                    Err(e) => {
+                        let _ = reply.send(Err(DialError::Failed(e.to_string())));
+                    }
+                }
+            }
+            Command::AddPeer { peer, addr } => {
+                self.swarm
+                    .behaviour_mut()
+                    .kad
+                    .add_address(&peer, addr.clone());
+                self.swarm.add_peer_address(peer, addr);
+            }
+            Command::Bootstrap { reply } => match self.swarm.behaviour_mut().kad.bootstrap() {
+                Ok(id) => {
+                    self.queries.insert(id, QueryCtx::Bootstrap);
+                    self.bootstraps.insert(id, reply);
+                }
+                Err(_) => {
+                    let _ = reply.send(Err(BootstrapError::NoKnownPeers));
+                }
+            },
+            Command::Announce { header, reply } => match self.core.announce(&header, now) {
+                Ok(id) => {
+                    self.announce_replies.insert(id, reply);
+                }
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                }
+            },
+            Command::FindPartners { query, reply } => match self.core.start_lookup(*query, now) {
+                Ok(id) => {
+                    self.lookup_replies.insert(id, reply);
+                }
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                }
+            },
+            Command::Metrics { reply } => {
+                let _ = reply.send(self.core.metrics().clone());
+            }
+            Command::Info { reply } => {
+                let routing_table = self
+                    .swarm
+                    .behaviour_mut()
+                    .kad
+                    .kbuckets()
+                    .map(|b| b.num_entries())
+                    .sum();
+                let info = NodeInfo {
+                    peer_id: *self.swarm.local_peer_id(),
+                    listen_addrs: self.swarm.listeners().cloned().collect(),
+                    connected: self.swarm.connected_peers().copied().collect(),
+                    routing_table,
+                    banned: self.core.scores().banned(now).copied().collect(),
+                    dropped_events: self.dropped_events,
+                };
+                let _ = reply.send(info);
+            }
+            Command::Shutdown { reply } => {
+                // Handled in `run`.
+                let _ = reply.send(());
+            }
+        }
+    }
+
+    /// Carry out every pending output of the core.
+    fn drain_outputs(&mut self) {
+        let now = Instant::now();
+        while let Some(output) = self.core.poll_output() {
+            match output {
+                Output::StartProviding { announce, key } => {
+                    match self
+                        .swarm
+                        .behaviour_mut()
+                        .kad
+                        .start_providing(RecordKey::new(&key))
+                    {
+                        Ok(id) => {
+                            self.queries.insert(id, QueryCtx::Provide(announce));
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "cannot store own provider record");
+                            self.core.handle_provide_result(announce, false);
+                        }
+                    }
+                }
+                Output::StopProviding { key } => {
+                    self.swarm
+                        .behaviour_mut()
+                        .kad
+                        .stop_providing(&RecordKey::new(&key));
+                }
+                Output::GetProviders { lookup, key } => {
+                    let id = self
+                        .swarm
+                        .behaviour_mut()
+                        .kad
+                        .get_providers(RecordKey::new(&key));
+                    self.queries.insert(id, QueryCtx::Providers(lookup, key));
+                    self.lookup_queries
+                        .entry(lookup)
+                        .or_default()
+                        .insert(key, id);
+                }
+                Output::FinishProviderLookup { lookup, key } => {
+                    let id = self
+                        .lookup_queries
+                        .get(&lookup)
+                        .and_then(|keys| keys.get(&key))
+                        .copied();
+                    if let Some(id) = id {
+                        if let Some(mut q) = self.swarm.behaviour_mut().kad.query_mut(&id) {
+                            q.finish();
+                        }
+                    }
+                }
+                Output::SendRequest { peer, request } => {
+                    let id = request.id();
+                    let out = self.swarm.behaviour_mut().rpc.send_request(&peer, request);
+                    self.requests.insert(out, id);
+                }
+                Output::Ban {
+                    peer,
+                    until,
+                    reason,
+                } => {
+                    let behaviour = self.swarm.behaviour_mut();
+                    behaviour.blocked.block_peer(peer);
+                    behaviour.kad.remove_peer(&peer);
+                    self.emit(RoutingEvent::PeerBanned {
+                        peer,
+                        duration: until.saturating_duration_since(now),
+                        reason,
+                    });
+                }
+                Output::Unban { peer } => {
+                    self.swarm.behaviour_mut().blocked.unblock_peer(peer);
+                    self.emit(RoutingEvent::PeerUnbanned { peer });
+                }
+                Output::AnnounceFinished { announce, report } => {
+                    if let Some(reply) = self.announce_replies.remove(&announce) {
+                        let _ = reply.send(Ok(report));
+                    }
+                }
+                Output::LookupFinished { lookup, partners } => {
+                    // Stop DHT queries still running for it (a lookup cut short by its deadline).
+                    for id in self
+                        .lookup_queries
+                        .remove(&lookup)
+                        .unwrap_or_default()
+                        .into_values()
+                    {
+                        if self.queries.remove(&id).is_some() {
+                            if let Some(mut q) = self.swarm.behaviour_mut().kad.query_mut(&id) {
+                                q.finish();
+                            }
+                        }
+                    }
+                    if let Some(reply) = self.lookup_replies.remove(&lookup) {
+                        let _ = reply.send(Ok(*partners));
+                    }
+                }
+            }
+        }
+    }
+
+    fn on_swarm_event(&mut self, event: SwarmEvent<BehaviourEvent>) {
+        match event {
+            SwarmEvent::Behaviour(BehaviourEvent::Kad(e)) => self.on_kad(*e),
+            SwarmEvent::Behaviour(BehaviourEvent::Rpc(e)) => self.on_rpc(e),
+            SwarmEvent::Behaviour(BehaviourEvent::Identify(e)) => {
+                if let identify::Event::Received { peer_id, info, .. } = *e {
+                    if info.protocols.contains(&KAD_PROTOCOL) {
+                        for addr in info.listen_addrs.into_iter().take(MAX_IDENTIFY_ADDRS) {
+                            self.swarm.behaviour_mut().kad.add_address(&peer_id, addr);
+                        }
+                    }
+                }
+            }
+            SwarmEvent::Behaviour(_) => {}
+            SwarmEvent::ConnectionEstablished {
+                peer_id,
+                connection_id,
+                num_established,
+                ..
+            } => {
+                if let Some(reply) = self.dials.remove(&connection_id) {
+                    let _ = reply.send(Ok(peer_id));
+                }
+                if num_established.get() == 1 {
+                    self.emit(RoutingEvent::PeerConnected { peer: peer_id });
+                }
+            }
+            SwarmEvent::OutgoingConnectionError {
+                connection_id,
+                error,
+                ..
+            } => {
+                if let Some(reply) = self.dials.remove(&connection_id) {
+                    let _ = reply.send(Err(DialError::Failed(error.to_string())));
+                }
+            }
+            SwarmEvent::ConnectionClosed {
+                peer_id,
+                num_established: 0,
+                ..
+            } => self.emit(RoutingEvent::PeerDisconnected { peer: peer_id }),
+            SwarmEvent::NewListenAddr { address, .. }
+                if self.config.transport.listen_addrs_are_external =>
+            {
+                self.swarm.add_external_address(address);
+            }
+            _ => {}
+        }
+    }
+
+    fn on_kad(&mut self, event: kad::Event) {
+        let now = Instant::now();
+        let kad::Event::OutboundQueryProgressed {
+            id,
+            result,
+            stats,
+            step,
+        } = event
+        else {
+            return;
+        };
+        let Some(&ctx) = self.queries.get(&id) else {
+            return;
+        };
+        match (ctx, result) {
+            (QueryCtx::Providers(lookup, key), QueryResult::GetProviders(result)) => {
+                if let Ok(GetProvidersOk::FoundProviders { providers, .. }) = result {
+                    self.core.handle_providers(lookup, key, providers, now);
+                }
+                if step.last {
+                    self.queries.remove(&id);
+                    self.core
+                        .handle_key_lookup_done(lookup, key, stats.num_requests(), now);
+                }
+            }
+            (QueryCtx::Provide(announce), QueryResult::StartProviding(result)) => {
+                if step.last {
+                    self.queries.remove(&id);
+                    if let Err(e) = &result {
+                        tracing::debug!(error = %e, "provider record not stored remotely");
+                    }
+                    self.core.handle_provide_result(announce, result.is_ok());
+                }
+            }
+            (QueryCtx::Bootstrap, QueryResult::Bootstrap(result)) => {
+                tracing::debug!(
+                    requests = stats.num_requests(),
+                    failures = stats.num_failures(),
+                    duration = ?stats.duration(),
+                    last = step.last,
+                    "bootstrap step"
+                );
+                let done = step.last || result.as_ref().map_or(true, |ok| ok.num_remaining == 0);
+                if done {
+                    self.queries.remove(&id);
+                    if let Some(reply) = self.bootstraps.remove(&id) {
+                        let _ = reply.send(
+                            result
+                                .map(|_| ())
+                                .map_err(|e| BootstrapError::Failed(e.to_string())),
+                        );
+                    }
+                }
+            }
+            (ctx, other) => {
+                tracing::debug!(?ctx, ?other, "unexpected query result");
+                if step.last {
+                    self.queries.remove(&id);
+                }
+            }
+        }
+    }
+
+    fn on_rpc(
+        &mut self,
+        event: request_response::Event<kindred_proto::RpcRequest, kindred_proto::RpcResponse>,
+    ) {
+        let now = Instant::now();
+        match event {
+            request_response::Event::Message { peer, message, .. } => match message {
+                request_response::Message::Request {
+                    request, channel, ..
+                } => {
+                    let response = self.core.handle_request(peer, &request, &*self.store, now);
+                    if self
+                        .swarm
+                        .behaviour_mut()
+                        .rpc
+                        .send_response(channel, response)
+                        .is_err()
+                    {
+                        tracing::debug!(%peer, "requester went away before the response");
+                    }
+                }
+                request_response::Message::Response {
+                    request_id,
+                    response,
+                } => {
+                    if let Some(id) = self.requests.remove(&request_id) {
+                        self.core.handle_response(peer, id, Ok(response), now);
+                    }
+                }
+            },
+            request_response::Event::OutboundFailure {
+                peer,
+                request_id,
+                error,
+                ..
+            } => {
+                if let Some(id) = self.requests.remove(&request_id) {
+                    self.core
+                        .handle_response(peer, id, Err(outbound_failure(&error)), now);
+                }
+            }
+            request_response::Event::InboundFailure { peer, error, .. } => {
+                if let InboundFailure::Io(e) = &error {
+                    match CodecError::from_io(e) {
+                        Some(CodecError::Truncated) | Some(CodecError::Encode(_)) | None => {
+                            tracing::debug!(%peer, error = %e, "inbound request failed");
+                        }
+                        Some(c) => self.core.handle_inbound_failure(peer, c.reason(), now),
+                    }
+                }
+            }
+            request_response::Event::ResponseSent { .. } => {}
+        }
+    }
+}
+
+fn outbound_failure(error: &OutboundFailure) -> RequestFailure {
+    match error {
+        OutboundFailure::Timeout => RequestFailure::Timeout,
+        OutboundFailure::ConnectionClosed => RequestFailure::ConnectionClosed,
+        OutboundFailure::DialFailure => RequestFailure::DialFailure,
+        OutboundFailure::UnsupportedProtocols => RequestFailure::Unsupported,
+        OutboundFailure::Io(e) => match CodecError::from_io(e) {
+            // A stream cut short may be the network; everything else is the peer's doing.
+            Some(CodecError::Truncated) => RequestFailure::Truncated,
+            Some(c) => RequestFailure::Protocol(c.reason()),
+            None => RequestFailure::Io,
+        },
+    }
+}

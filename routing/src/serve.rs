@@ -1,0 +1,94 @@
+//! Serving peers' requests from the node's store.
+//!
+//! What a node serves is deliberately narrow:
+//! - `GetHeaders` by key returns only headers this node *announced* under those keys (its own
+//!   packets, for retained windows), so a node never answers for keys it does not provide;
+//! - `GetHeaders` by id returns stored headers by id;
+//! - a body goes out only as the answer to a `GetBody` naming its id: nothing is ever pushed.
+//!
+//! Banned peers get [`RpcErrorCode::Refused`]; every request and response is counted per kind
+//! and per peer.
+
+use std::time::Instant;
+
+use kindred_proto::rpc::{
+    HeaderQuery, MAX_HEADERS_PER_RESPONSE, RpcErrorCode, RpcRequest, RpcResponse,
+};
+use kindred_proto::{MAX_BODY_BYTES, MAX_HEADER_BYTES};
+use libp2p::PeerId;
+
+use crate::core::RoutingCore;
+use crate::scoring::Severity;
+use crate::store::PacketStore;
+
+impl RoutingCore {
+    /// Answer an inbound request from `peer` out of `store`.
+    pub fn handle_request(
+        &mut self,
+        peer: PeerId,
+        request: &RpcRequest,
+        store: &dyn PacketStore,
+        now: Instant,
+    ) -> RpcResponse {
+        let kind = request.kind();
+        self.metrics
+            .request_received(&peer, kind, request.encoded_len());
+        let id = request.id();
+        let response = if self.scores.is_banned(&peer, now) {
+            RpcResponse::Error {
+                id,
+                code: RpcErrorCode::Refused,
+            }
+        } else {
+            match request {
+                RpcRequest::GetHeaders { query, .. } => {
+                    let ids: Vec<_> = match query {
+                        HeaderQuery::Keys(keys) => {
+                            let mut ids = Vec::new();
+                            for key in keys {
+                                for id in self.by_key.get(key).into_iter().flatten() {
+                                    if !ids.contains(id) {
+                                        ids.push(*id);
+                                    }
+                                }
+                            }
+                            ids
+                        }
+                        HeaderQuery::Ids(ids) => ids.clone(),
+                    };
+                    // Never send what the peer's decoder would refuse (a corrupt store entry).
+                    let headers = ids
+                        .iter()
+                        .filter_map(|id| store.header(id))
+                        .filter(|h| h.len() <= MAX_HEADER_BYTES)
+                        .take(MAX_HEADERS_PER_RESPONSE)
+                        .collect();
+                    RpcResponse::Headers { id, headers }
+                }
+                RpcRequest::GetBody { packet, .. } => match store.body(packet) {
+                    Some(body) if body.len() <= MAX_BODY_BYTES => RpcResponse::Body { id, body },
+                    Some(_) => {
+                        tracing::warn!(%peer, %packet, "stored body is over the wire limit");
+                        RpcResponse::Error {
+                            id,
+                            code: RpcErrorCode::NotFound,
+                        }
+                    }
+                    None => RpcResponse::Error {
+                        id,
+                        code: RpcErrorCode::NotFound,
+                    },
+                },
+            }
+        };
+        self.metrics
+            .response_sent(&peer, kind, response.encoded_len());
+        response
+    }
+
+    /// An inbound request from `peer` failed to decode (`reason` is its reject label, e.g.
+    /// `rpc_malformed` or `rpc_oversize`): the peer is penalised.
+    pub fn handle_inbound_failure(&mut self, peer: PeerId, reason: &'static str, now: Instant) {
+        self.reject(&peer, reason, Some(Severity::Major), now);
+    }
+}

@@ -1,0 +1,104 @@
+//! Where served packets come from: the node's packet store, behind a small trait.
+//!
+//! Routing serves `GetHeaders` and `GetBody` requests but does not own storage: the node keeps
+//! packets in sled and content-addressed files. [`PacketStore`] is the narrow read-only view the
+//! driver needs; [`MemoryStore`] is an in-memory implementation for tests, benchmarks and
+//! embedders without persistence.
+//!
+//! Which headers are served *under which semantic keys* is routing's own state (it announced
+//! them), so the trait only answers by packet id.
+
+use std::collections::HashMap;
+use std::sync::{PoisonError, RwLock};
+
+use kindred_proto::{PacketId, SealedPacket};
+
+/// Read access to stored packets, called from the swarm task for every inbound request.
+///
+/// Implementations must be quick (an in-memory map, a sled get, a small file read): the swarm
+/// task waits for them. Return `None` for anything not held; a node never serves bytes it did
+/// not store itself.
+pub trait PacketStore: Send + Sync + 'static {
+    /// The encoded, signed header of packet `id`.
+    fn header(&self, id: &PacketId) -> Option<Vec<u8>>;
+    /// The encoded body of packet `id`.
+    fn body(&self, id: &PacketId) -> Option<Vec<u8>>;
+}
+
+/// A [`PacketStore`] in memory.
+///
+/// ```
+/// use kindred_routing::store::{MemoryStore, PacketStore};
+/// use kindred_proto::PacketId;
+///
+/// let store = MemoryStore::default();
+/// store.insert_raw(PacketId([1; 32]), vec![1, 2], vec![3]);
+/// assert_eq!(store.body(&PacketId([1; 32])), Some(vec![3]));
+/// assert_eq!(store.header(&PacketId([2; 32])), None);
+/// ```
+#[derive(Debug, Default)]
+pub struct MemoryStore {
+    packets: RwLock<HashMap<PacketId, StoredPacket>>,
+}
+
+/// Encoded header and body.
+type StoredPacket = (Vec<u8>, Vec<u8>);
+
+impl MemoryStore {
+    /// Store a sealed packet.
+    pub fn insert(&self, packet: &SealedPacket) {
+        self.insert_raw(
+            packet.id(),
+            packet.header_bytes.clone(),
+            packet.body_bytes.clone(),
+        );
+    }
+
+    /// Store raw header and body bytes under `id`, unchecked (tests use this to serve invalid
+    /// data).
+    pub fn insert_raw(&self, id: PacketId, header: Vec<u8>, body: Vec<u8>) {
+        self.packets
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(id, (header, body));
+    }
+
+    /// Drop a packet.
+    pub fn remove(&self, id: &PacketId) {
+        self.packets
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(id);
+    }
+
+    /// Number of packets held.
+    pub fn len(&self) -> usize {
+        self.packets
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+
+    /// Whether the store is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl PacketStore for MemoryStore {
+    fn header(&self, id: &PacketId) -> Option<Vec<u8>> {
+        self.packets
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(id)
+            .map(|(h, _)| h.clone())
+    }
+
+    fn body(&self, id: &PacketId) -> Option<Vec<u8>> {
+        self.packets
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(id)
+            .map(|(_, b)| b.clone())
+    }
+}

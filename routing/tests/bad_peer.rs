@@ -1,0 +1,291 @@
+//! A hostile peer announces itself under a victim's semantic keys and answers its header requests
+//! with garbage, then an oversize frame, then a header with a forged signature. The victim counts
+//! each reject by reason, bans the peer after the third, disconnects it, keeps working with its
+//! honest partner, and nothing panics.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
+
+mod support;
+
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, StreamExt};
+use kindred_proto::rpc::{MAX_HEADERS_RESPONSE_BYTES, RpcRequest, RpcResponse};
+use kindred_routing::behaviour::KAD_PROTOCOL;
+use kindred_routing::codec::RPC_PROTOCOL;
+use kindred_routing::keys::KeyContext;
+use kindred_routing::transport::build_transport;
+use kindred_routing::{
+    MemoryStore, NetworkId, PartnerQuery, RoundWindow, RoutingEvent, TransportKind, spawn,
+};
+use libp2p::identity::Keypair;
+use libp2p::kad::store::MemoryStore as KadStore;
+use libp2p::request_response::{self, ProtocolSupport};
+use libp2p::swarm::{NetworkBehaviour, SwarmEvent};
+use libp2p::{Multiaddr, StreamProtocol, Swarm, identify, kad};
+use support::*;
+use tokio::sync::{mpsc, oneshot};
+
+/// Reads request frames, writes whatever bytes it is given verbatim.
+#[derive(Clone, Default)]
+struct RawCodec;
+
+impl request_response::Codec for RawCodec {
+    type Protocol = StreamProtocol;
+    type Request = Vec<u8>;
+    type Response = Vec<u8>;
+
+    async fn read_request<T: AsyncRead + Unpin + Send>(
+        &mut self,
+        _: &StreamProtocol,
+        io: &mut T,
+    ) -> io::Result<Vec<u8>> {
+        let mut len = [0u8; 4];
+        io.read_exact(&mut len).await?;
+        let mut buf = vec![0u8; (u32::from_be_bytes(len) as usize).min(1 << 16)];
+        io.read_exact(&mut buf).await?;
+        Ok(buf)
+    }
+
+    async fn read_response<T: AsyncRead + Unpin + Send>(
+        &mut self,
+        _: &StreamProtocol,
+        _: &mut T,
+    ) -> io::Result<Vec<u8>> {
+        Err(io::ErrorKind::Unsupported.into())
+    }
+
+    async fn write_request<T: AsyncWrite + Unpin + Send>(
+        &mut self,
+        _: &StreamProtocol,
+        _: &mut T,
+        _: Vec<u8>,
+    ) -> io::Result<()> {
+        Err(io::ErrorKind::Unsupported.into())
+    }
+
+    async fn write_response<T: AsyncWrite + Unpin + Send>(
+        &mut self,
+        _: &StreamProtocol,
+        io: &mut T,
+        bytes: Vec<u8>,
+    ) -> io::Result<()> {
+        io.write_all(&bytes).await?;
+        io.close().await
+    }
+}
+
+#[derive(NetworkBehaviour)]
+struct Evil {
+    kad: kad::Behaviour<KadStore>,
+    identify: identify::Behaviour,
+    rpc: request_response::Behaviour<RawCodec>,
+}
+
+fn framed(bytes: &[u8]) -> Vec<u8> {
+    let mut out = (bytes.len() as u32).to_be_bytes().to_vec();
+    out.extend_from_slice(bytes);
+    out
+}
+
+/// The hostile node: provides `keys`, then answers the n-th header request with offence n.
+async fn run_evil(
+    key: Keypair,
+    victim: (libp2p::PeerId, Multiaddr),
+    keys: Vec<[u8; 32]>,
+    forged_header: Vec<u8>,
+    ready: oneshot::Sender<Multiaddr>,
+    mut stop: mpsc::Receiver<()>,
+) -> usize {
+    let peer = key.public().to_peer_id();
+    let transport =
+        build_transport(&key, TransportKind::Memory, None, Duration::from_secs(5)).unwrap();
+    let mut kad =
+        kad::Behaviour::with_config(peer, KadStore::new(peer), kad::Config::new(KAD_PROTOCOL));
+    kad.set_mode(Some(kad::Mode::Server));
+    let behaviour = Evil {
+        kad,
+        identify: identify::Behaviour::new(identify::Config::new(
+            "/kindred/1.0.0".into(),
+            key.public(),
+        )),
+        rpc: request_response::Behaviour::with_codec(
+            RawCodec,
+            [(RPC_PROTOCOL, ProtocolSupport::Inbound)],
+            request_response::Config::default(),
+        ),
+    };
+    let mut swarm = Swarm::new(
+        transport,
+        behaviour,
+        peer,
+        libp2p::swarm::Config::with_tokio_executor()
+            .with_idle_connection_timeout(Duration::from_secs(60)),
+    );
+    swarm.listen_on("/memory/0".parse().unwrap()).unwrap();
+    let listen = loop {
+        if let SwarmEvent::NewListenAddr { address, .. } = swarm.select_next_some().await {
+            break address;
+        }
+    };
+    swarm.add_external_address(listen.clone());
+    swarm
+        .behaviour_mut()
+        .kad
+        .add_address(&victim.0, victim.1.clone());
+    swarm.dial(victim.1.clone()).unwrap();
+    let mut pending: usize = keys.len();
+    let mut ready = Some((ready, listen));
+    let mut started = false;
+    let mut served = 0usize;
+    loop {
+        tokio::select! {
+            _ = stop.recv() => return served,
+            event = swarm.select_next_some() => match event {
+                SwarmEvent::ConnectionEstablished { peer_id, .. } if peer_id == victim.0 && !started => {
+                    started = true;
+                    for k in &keys {
+                        swarm.behaviour_mut().kad.start_providing(kad::RecordKey::new(k)).unwrap();
+                    }
+                }
+                SwarmEvent::Behaviour(EvilEvent::Kad(kad::Event::OutboundQueryProgressed {
+                    result: kad::QueryResult::StartProviding(_),
+                    ..
+                })) => {
+                    pending = pending.saturating_sub(1);
+                    if pending == 0 {
+                        if let Some((tx, addr)) = ready.take() {
+                            let _ = tx.send(addr);
+                        }
+                    }
+                }
+                SwarmEvent::Behaviour(EvilEvent::Rpc(request_response::Event::Message {
+                    message: request_response::Message::Request { request, channel, .. },
+                    ..
+                })) => {
+                    let id = RpcRequest::decode(&request).unwrap().id();
+                    let reply = match served {
+                        // Not postcard at all.
+                        0 => framed(&[0xff; 40]),
+                        // A frame claiming to be larger than any headers response.
+                        1 => ((MAX_HEADERS_RESPONSE_BYTES + 1) as u32).to_be_bytes().to_vec(),
+                        // Well-formed, but the header's signature is forged.
+                        _ => framed(
+                            &RpcResponse::Headers { id, headers: vec![forged_header.clone()] }
+                                .encode()
+                                .unwrap(),
+                        ),
+                    };
+                    served += 1;
+                    let _ = swarm.behaviour_mut().rpc.send_response(channel, reply);
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_sending_invalid_data_is_banned() {
+    use rand::SeedableRng;
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+    let planted = Planted::new(&mut rng, 1);
+    let model = Arc::new(spec());
+
+    // Victim and an honest partner from the same cluster.
+    let mut nodes = Vec::new();
+    for i in 0..2u64 {
+        let key = identity(900 + i);
+        let (embedding, margins) = planted.sample(&mut rng, 0, 0.1);
+        let packet = packet(&key, 4, embedding, i as f32);
+        let store = Arc::new(MemoryStore::default());
+        store.insert(&packet);
+        let (handle, events) = spawn(
+            Keypair::from(key),
+            node_config(TransportKind::Memory),
+            store.clone(),
+        )
+        .await
+        .unwrap();
+        nodes.push((handle, events, packet, margins));
+    }
+    let (victim, mut events, own, margins) = nodes.remove(0);
+    let (honest, _honest_events, honest_packet, _) = nodes.remove(0);
+    let victim_addr = victim.listen_addrs()[0].clone();
+    honest.dial(victim_addr.clone()).await.unwrap();
+    victim.bootstrap().await.unwrap();
+    honest.announce(honest_packet.header.clone()).await.unwrap();
+
+    // The attacker provides the victim's own band keys, so the victim is sure to ask it.
+    let h = own.header.header();
+    let ctx = KeyContext::new(
+        NetworkId::from_name("kindred-test"),
+        h.model,
+        RoundWindow(h.round),
+        Default::default(),
+    );
+    let keys: Vec<[u8; 32]> = ctx.band_keys(&h.embedding.simhash).collect();
+    let evil_key = identity(666);
+    let mut forged = packet(&evil_key, 4, h.embedding.clone(), 9.0).header_bytes;
+    let last = forged.len() - 1;
+    forged[last] ^= 0x01; // last byte of the signature
+    let (ready_tx, ready_rx) = oneshot::channel();
+    let (stop_tx, stop_rx) = mpsc::channel(1);
+    let evil = tokio::spawn(run_evil(
+        Keypair::from(evil_key.clone()),
+        (victim.peer_id(), victim_addr),
+        keys,
+        forged,
+        ready_tx,
+        stop_rx,
+    ));
+    let evil_peer = Keypair::from(evil_key).public().to_peer_id();
+    tokio::time::timeout(Duration::from_secs(20), ready_rx)
+        .await
+        .expect("the attacker announces in time")
+        .unwrap();
+
+    for round in 0..3 {
+        let query = PartnerQuery::new(own.header.clone(), margins.clone(), model.clone());
+        let partners = tokio::time::timeout(Duration::from_secs(30), victim.find_partners(query))
+            .await
+            .expect("lookups finish despite the attacker")
+            .unwrap();
+        // The honest partner is still found and fetched every time.
+        assert_eq!(partners.packets.len(), 1, "round {round}");
+        assert_eq!(
+            partners.packets[0].packet.header.header().sender,
+            honest.peer_id()
+        );
+    }
+
+    let metrics = victim.metrics().await.unwrap();
+    println!("rejects: {:?}, bans: {}", metrics.rejects, metrics.bans);
+    assert_eq!(metrics.rejects.get("rpc_malformed"), Some(&1));
+    assert_eq!(metrics.rejects.get("rpc_oversize"), Some(&1));
+    assert_eq!(metrics.rejects.get("bad_signature"), Some(&1));
+    assert_eq!(metrics.bans, 1);
+    let info = victim.info().await.unwrap();
+    assert_eq!(info.banned, vec![evil_peer]);
+    let mut banned_event = false;
+    while let Ok(event) = events.try_recv() {
+        if let RoutingEvent::PeerBanned { peer, .. } = event {
+            assert_eq!(peer, evil_peer);
+            banned_event = true;
+        }
+    }
+    assert!(banned_event);
+    // Disconnected, and a fresh lookup no longer asks it.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!victim.info().await.unwrap().connected.contains(&evil_peer));
+    let query = PartnerQuery::new(own.header.clone(), margins.clone(), model.clone());
+    let partners = victim.find_partners(query).await.unwrap();
+    assert_eq!(partners.packets.len(), 1);
+
+    stop_tx.send(()).await.unwrap();
+    let served = evil.await.unwrap();
+    assert_eq!(served, 3, "the banned attacker is asked nothing more");
+    victim.shutdown().await;
+    honest.shutdown().await;
+}

@@ -1,0 +1,680 @@
+//! The sans-IO core, driven by hand: requests are delivered between cores as plain values, time
+//! is a variable. Covers the whole lookup (keys, providers, headers, ranking, bodies), what a node
+//! serves, replay filtering, scoring and bans, deadlines, provider quorum and hot-key sharding.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kindred_proto::rpc::{HeaderQuery, RequestId, RpcErrorCode, RpcRequest, RpcResponse};
+use kindred_proto::{PacketId, SealedPacket};
+use kindred_routing::keys::{KeyContext, ShardPolicy, shard_key};
+use kindred_routing::{
+    CoreConfig, MemoryStore, NetworkId, Output, PartnerQuery, Partners, RequestFailure,
+    RoundWindow, RoutingCore,
+};
+use libp2p::PeerId;
+use libp2p::identity::{Keypair, ed25519};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use support::*;
+
+/// How a misbehaving peer answers a request with this id.
+type Responder = Box<dyn Fn(RequestId) -> Result<RpcResponse, RequestFailure>>;
+
+fn peer_of(key: &ed25519::Keypair) -> PeerId {
+    Keypair::from(key.clone()).public().to_peer_id()
+}
+
+/// A node of the harness: its core, store, identity and current packet.
+struct Node {
+    core: RoutingCore,
+    store: MemoryStore,
+    key: ed25519::Keypair,
+    packet: SealedPacket,
+    margins: Vec<f32>,
+}
+
+impl Node {
+    fn peer(&self) -> PeerId {
+        peer_of(&self.key)
+    }
+}
+
+fn config() -> CoreConfig {
+    CoreConfig::new(NetworkId::from_name("kindred-test"))
+}
+
+/// `n` nodes of one cluster (noise 0.1), round `round`.
+fn cluster(n: usize, round: u64, config: &CoreConfig, seed: u64) -> Vec<Node> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let planted = Planted::new(&mut rng, 1);
+    (0..n)
+        .map(|i| {
+            let key = identity(seed * 100 + i as u64);
+            let (embedding, margins) = planted.sample(&mut rng, 0, 0.1);
+            let packet = packet(&key, round, embedding, i as f32);
+            let store = MemoryStore::default();
+            store.insert(&packet);
+            Node {
+                core: RoutingCore::new(peer_of(&key), config.clone()),
+                store,
+                key,
+                packet,
+                margins,
+            }
+        })
+        .collect()
+}
+
+fn drain(core: &mut RoutingCore) -> Vec<Output> {
+    std::iter::from_fn(|| core.poll_output()).collect()
+}
+
+/// Announce `node`'s packet, report every key published; returns the keys.
+fn announce(node: &mut Node, now: Instant) -> Vec<[u8; 32]> {
+    let id = node.core.announce(&node.packet.header, now).unwrap();
+    let mut keys = Vec::new();
+    for out in drain(&mut node.core) {
+        if let Output::StartProviding { announce, key } = out {
+            assert_eq!(announce, id);
+            keys.push(key);
+        }
+    }
+    for _ in &keys {
+        node.core.handle_provide_result(id, true);
+    }
+    let finished = drain(&mut node.core);
+    assert!(matches!(
+        finished.as_slice(),
+        [Output::AnnounceFinished { report, .. }] if report.keys == keys.len() && report.failed == 0
+    ));
+    keys
+}
+
+/// Run `lookup`'s network side: the DHT knows `providers` (peer, keys it announced), and
+/// `respond` answers each request as that peer would. Returns the finished lookup and every
+/// other output seen (bans, quorum finishes...).
+fn run_lookup(
+    core: &mut RoutingCore,
+    query: PartnerQuery,
+    providers: &[(PeerId, Vec<[u8; 32]>)],
+    now: Instant,
+    mut respond: impl FnMut(PeerId, &RpcRequest) -> Result<RpcResponse, RequestFailure>,
+) -> (Partners, Vec<Output>) {
+    let lookup = core.start_lookup(query, now).unwrap();
+    let mut queue: Vec<Output> = drain(core);
+    let mut others = Vec::new();
+    let mut guard = 0;
+    while let Some(out) = queue.pop() {
+        guard += 1;
+        assert!(guard < 10_000, "lookup does not converge");
+        match out {
+            Output::GetProviders { lookup: l, key } => {
+                assert_eq!(l, lookup);
+                let holders: Vec<PeerId> = providers
+                    .iter()
+                    .filter(|(_, keys)| keys.contains(&key))
+                    .map(|(p, _)| *p)
+                    .collect();
+                core.handle_providers(lookup, key, holders, now);
+                core.handle_key_lookup_done(lookup, key, 4, now);
+            }
+            Output::SendRequest { peer, request } => {
+                let response = respond(peer, &request);
+                core.handle_response(peer, request.id(), response, now);
+            }
+            Output::LookupFinished {
+                lookup: l,
+                partners,
+            } => {
+                assert_eq!(l, lookup);
+                others.append(&mut queue);
+                others.extend(drain(core));
+                return (*partners, others);
+            }
+            other => others.push(other),
+        }
+        queue.extend(drain(core));
+    }
+    panic!("lookup never finished");
+}
+
+/// Answer as `node` would.
+fn serve(node: &mut Node, from: PeerId, request: &RpcRequest, now: Instant) -> RpcResponse {
+    node.core.handle_request(from, request, &node.store, now)
+}
+
+#[test]
+fn a_lookup_finds_ranks_and_fetches_a_similar_peer() {
+    let now = Instant::now();
+    let cfg = config();
+    let mut nodes = cluster(2, 3, &cfg, 1);
+    let keys_b = announce(&mut nodes[1], now);
+    let (a, b) = nodes.split_at_mut(1);
+    let (a, b) = (&mut a[0], &mut b[0]);
+    let query = PartnerQuery::new(a.packet.header.clone(), a.margins.clone(), Arc::new(spec()));
+    let (partners, others) = run_lookup(
+        &mut a.core,
+        query,
+        &[(b.peer(), keys_b)],
+        now,
+        |peer, req| {
+            assert_eq!(peer, b.peer());
+            Ok(serve(b, peer_of(&a.key), req, now))
+        },
+    );
+    assert!(others.iter().all(|o| !matches!(o, Output::Ban { .. })));
+    assert_eq!(partners.window, RoundWindow(3));
+    assert_eq!(partners.candidates.len(), 1);
+    assert_eq!(partners.packets.len(), 1);
+    let got = &partners.packets[0];
+    assert_eq!(got.packet.id(), b.packet.id());
+    assert_eq!(got.body_bytes, b.packet.body_bytes);
+    assert!(got.cosine > 0.9, "{}", got.cosine);
+    let s = &partners.stats;
+    assert_eq!(s.key_lookups, 24);
+    assert_eq!(s.kad_requests.len(), 24);
+    assert_eq!(
+        (s.providers, s.header_requests, s.headers_accepted),
+        (1, 1, 1)
+    );
+    assert_eq!((s.body_requests, s.bodies_accepted), (1, 1));
+    assert!(!s.timed_out);
+
+    // Both sides counted the traffic, per kind and per peer.
+    let (ma, mb) = (a.core.metrics(), b.core.metrics());
+    assert_eq!(ma.headers.requests_sent.messages, 1);
+    assert_eq!(mb.headers.requests_received, ma.headers.requests_sent);
+    assert_eq!(mb.body.responses_sent, ma.body.responses_received);
+    assert!(mb.body.responses_sent.bytes >= b.packet.body_bytes.len() as u64);
+    assert_eq!(ma.peers[&b.peer()].bytes_in, mb.peers[&a.peer()].bytes_out);
+    assert_eq!(ma.key_lookups, 24);
+    assert_eq!(ma.kad_requests, 24 * 4);
+}
+
+#[test]
+fn a_node_serves_only_what_it_announced_and_bodies_only_by_id() {
+    let now = Instant::now();
+    let cfg = config();
+    let mut nodes = cluster(2, 1, &cfg, 2);
+    let keys = announce(&mut nodes[0], now);
+    let asker = nodes[1].peer();
+    let b = &mut nodes[0];
+    let id = RequestId(5);
+    // Unknown keys: nothing.
+    let r = serve(
+        b,
+        asker,
+        &RpcRequest::GetHeaders {
+            id,
+            query: HeaderQuery::Keys(vec![[7; 32]]),
+        },
+        now,
+    );
+    assert_eq!(
+        r,
+        RpcResponse::Headers {
+            id,
+            headers: vec![]
+        }
+    );
+    // An announced key: the header, once, even when several keys match.
+    let r = serve(
+        b,
+        asker,
+        &RpcRequest::GetHeaders {
+            id,
+            query: HeaderQuery::Keys(keys.clone()),
+        },
+        now,
+    );
+    assert_eq!(
+        r,
+        RpcResponse::Headers {
+            id,
+            headers: vec![b.packet.header_bytes.clone()]
+        }
+    );
+    // By id.
+    let r = serve(
+        b,
+        asker,
+        &RpcRequest::GetHeaders {
+            id,
+            query: HeaderQuery::Ids(vec![b.packet.id(), PacketId([0; 32])]),
+        },
+        now,
+    );
+    assert_eq!(
+        r,
+        RpcResponse::Headers {
+            id,
+            headers: vec![b.packet.header_bytes.clone()]
+        }
+    );
+    // Bodies by id only; unknown ids are not found.
+    let r = serve(
+        b,
+        asker,
+        &RpcRequest::GetBody {
+            id,
+            packet: b.packet.id(),
+        },
+        now,
+    );
+    assert_eq!(
+        r,
+        RpcResponse::Body {
+            id,
+            body: b.packet.body_bytes.clone()
+        }
+    );
+    let r = serve(
+        b,
+        asker,
+        &RpcRequest::GetBody {
+            id,
+            packet: PacketId([1; 32]),
+        },
+        now,
+    );
+    assert_eq!(
+        r,
+        RpcResponse::Error {
+            id,
+            code: RpcErrorCode::NotFound
+        }
+    );
+    let m = b.core.metrics();
+    assert_eq!(m.headers.requests_received.messages, 3);
+    assert_eq!(m.body.requests_received.messages, 2);
+    assert_eq!(m.peers[&asker].requests_in, 5);
+    // Another node's packet cannot be announced.
+    let other = nodes[1].packet.header.clone();
+    assert!(nodes[0].core.announce(&other, now).is_err());
+}
+
+#[test]
+fn invalid_responses_are_rejected_scored_and_end_in_a_ban() {
+    let now = Instant::now();
+    let cfg = config();
+    let mut nodes = cluster(2, 1, &cfg, 3);
+    let keys_b = announce(&mut nodes[1], now);
+    let b_peer = nodes[1].peer();
+    let mut forged = nodes[1].packet.header_bytes.clone();
+    let last = forged.len() - 1;
+    forged[last] ^= 1;
+    let a = &mut nodes[0];
+    let offences: Vec<Responder> = vec![
+        Box::new(|_| Err(RequestFailure::Protocol("rpc_malformed"))),
+        Box::new(|id| {
+            Ok(RpcResponse::Headers {
+                id: RequestId(id.0 + 1),
+                headers: vec![],
+            })
+        }),
+        Box::new(move |id| {
+            Ok(RpcResponse::Headers {
+                id,
+                headers: vec![forged.clone()],
+            })
+        }),
+    ];
+    let mut bans = Vec::new();
+    for offence in &offences {
+        let query = PartnerQuery::new(a.packet.header.clone(), a.margins.clone(), Arc::new(spec()));
+        let providers = [(b_peer, keys_b.clone())];
+        let (partners, others) = run_lookup(&mut a.core, query, &providers, now, |_, req| {
+            offence(req.id())
+        });
+        assert!(partners.packets.is_empty());
+        bans.extend(
+            others
+                .into_iter()
+                .filter(|o| matches!(o, Output::Ban { .. })),
+        );
+    }
+    let m = a.core.metrics();
+    assert_eq!(m.rejects.get("rpc_malformed"), Some(&1));
+    assert_eq!(m.rejects.get("id_mismatch"), Some(&1));
+    assert_eq!(m.rejects.get("bad_signature"), Some(&1));
+    assert!(
+        matches!(bans.as_slice(), [Output::Ban { peer, reason: "bad_signature", .. }] if *peer == b_peer)
+    );
+    assert!(a.core.is_banned(&b_peer, now));
+    // A banned peer is neither asked nor served.
+    let query = PartnerQuery::new(a.packet.header.clone(), a.margins.clone(), Arc::new(spec()));
+    let (partners, _) = run_lookup(&mut a.core, query, &[(b_peer, keys_b)], now, |_, _| {
+        panic!("asked a banned peer")
+    });
+    assert_eq!(partners.stats.providers, 0);
+    let r = a.core.handle_request(
+        b_peer,
+        &RpcRequest::GetBody {
+            id: RequestId(1),
+            packet: PacketId([0; 32]),
+        },
+        &a.store,
+        now,
+    );
+    assert!(matches!(
+        r,
+        RpcResponse::Error {
+            code: RpcErrorCode::Refused,
+            ..
+        }
+    ));
+    // The ban expires.
+    let later = now + Duration::from_secs(601);
+    assert!(a.core.poll_timeout().unwrap() <= later);
+    a.core.handle_timeout(later);
+    assert!(matches!(drain(&mut a.core).as_slice(), [Output::Unban { peer }] if *peer == b_peer));
+    assert!(!a.core.is_banned(&b_peer, later));
+}
+
+#[test]
+fn network_failures_are_counted_but_not_scored() {
+    let now = Instant::now();
+    let cfg = config();
+    let mut nodes = cluster(2, 1, &cfg, 4);
+    let keys_b = announce(&mut nodes[1], now);
+    let b_peer = nodes[1].peer();
+    let a = &mut nodes[0];
+    for _ in 0..5 {
+        let query = PartnerQuery::new(a.packet.header.clone(), a.margins.clone(), Arc::new(spec()));
+        let (_, others) = run_lookup(
+            &mut a.core,
+            query,
+            &[(b_peer, keys_b.clone())],
+            now,
+            |_, _| Err(RequestFailure::Timeout),
+        );
+        assert!(others.iter().all(|o| !matches!(o, Output::Ban { .. })));
+    }
+    assert_eq!(a.core.metrics().request_failures.get("timeout"), Some(&5));
+    assert_eq!(a.core.scores().score(&b_peer, now), 0.0);
+}
+
+#[test]
+fn replays_and_mismatched_headers_are_dropped() {
+    let now = Instant::now();
+    let mut cfg = config();
+    cfg.window_len = 10; // rounds 20..29 share a window
+    let mut nodes = cluster(2, 25, &cfg, 5);
+    let keys_b = announce(&mut nodes[1], now);
+    let b_key = nodes[1].key.clone();
+    let b_peer = nodes[1].peer();
+    let b_embedding = nodes[1].packet.header.header().embedding.clone();
+    let current = nodes[1].packet.header_bytes.clone();
+    let older = packet(&b_key, 24, b_embedding.clone(), 1.0).header_bytes;
+    let conflicting = packet(&b_key, 25, b_embedding.clone(), 2.0).header_bytes;
+    let other_window = packet(&b_key, 35, b_embedding.clone(), 3.0).header_bytes;
+    let mut unrelated = b_embedding;
+    for byte in &mut unrelated.simhash.0 {
+        *byte = !*byte;
+    }
+    let off_key = packet(&b_key, 26, unrelated, 4.0).header_bytes;
+    let foreign = nodes[0].packet.header_bytes.clone();
+
+    let a = &mut nodes[0];
+    let mut lookup_with = |headers: Vec<Vec<u8>>| {
+        let query = PartnerQuery::new(a.packet.header.clone(), a.margins.clone(), Arc::new(spec()));
+        run_lookup(
+            &mut a.core,
+            query,
+            &[(b_peer, keys_b.clone())],
+            now,
+            |_, req| match req {
+                RpcRequest::GetHeaders { id, .. } => Ok(RpcResponse::Headers {
+                    id: *id,
+                    headers: headers.clone(),
+                }),
+                RpcRequest::GetBody { id, .. } => Ok(RpcResponse::Error {
+                    id: *id,
+                    code: RpcErrorCode::NotFound,
+                }),
+            },
+        )
+        .0
+    };
+    let p = lookup_with(vec![current.clone()]);
+    assert_eq!(p.stats.headers_accepted, 1);
+    // The same packet again is a harmless duplicate, still ranked from the index.
+    let p = lookup_with(vec![current]);
+    assert_eq!((p.stats.headers_accepted, p.candidates.len()), (1, 1));
+    let p = lookup_with(vec![older, conflicting, other_window, off_key, foreign]);
+    assert_eq!((p.stats.headers_accepted, p.stats.headers_rejected), (0, 5));
+    let m = a.core.metrics();
+    for reason in [
+        "stale_round",
+        "round_conflict",
+        "wrong_window",
+        "key_mismatch",
+        "foreign_sender",
+    ] {
+        assert_eq!(m.rejects.get(reason), Some(&1), "{reason}: {:?}", m.rejects);
+    }
+}
+
+#[test]
+fn a_bad_body_is_rejected_and_the_next_candidate_fetched() {
+    let now = Instant::now();
+    let cfg = config();
+    let mut nodes = cluster(3, 1, &cfg, 6);
+    let keys_b = announce(&mut nodes[1], now);
+    let keys_c = announce(&mut nodes[2], now);
+    let (b_peer, c_peer) = (nodes[1].peer(), nodes[2].peer());
+    let (head, tail) = nodes.split_at_mut(1);
+    let a = &mut head[0];
+    let a_peer = a.peer();
+    let mut query = PartnerQuery::new(a.packet.header.clone(), a.margins.clone(), Arc::new(spec()));
+    query.top_m = Some(1);
+    let providers = [(b_peer, keys_b), (c_peer, keys_c)];
+    let (partners, _) = run_lookup(&mut a.core, query, &providers, now, |peer, req| {
+        let node = if peer == b_peer {
+            &mut tail[0]
+        } else {
+            &mut tail[1]
+        };
+        let response = serve(node, a_peer, req, now);
+        Ok(match response {
+            // Every body is corrupted in transit: one byte flipped.
+            RpcResponse::Body { id, mut body } => {
+                body[0] ^= 0x80;
+                RpcResponse::Body { id, body }
+            }
+            other => other,
+        })
+    });
+    assert!(partners.packets.is_empty());
+    assert_eq!(
+        partners.stats.body_requests, 2,
+        "falls back to the second candidate"
+    );
+    assert_eq!(partners.stats.bodies_rejected, 2);
+    assert_eq!(a.core.metrics().rejects.get("body_hash_mismatch"), Some(&2));
+}
+
+#[test]
+fn a_lookup_past_its_deadline_returns_what_it_has() {
+    let now = Instant::now();
+    let cfg = config();
+    let mut nodes = cluster(1, 1, &cfg, 7);
+    let a = &mut nodes[0];
+    let query = PartnerQuery::new(a.packet.header.clone(), a.margins.clone(), Arc::new(spec()));
+    let id = a.core.start_lookup(query, now).unwrap();
+    let outputs = drain(&mut a.core);
+    assert_eq!(outputs.len(), 24);
+    let deadline = a.core.poll_timeout().unwrap();
+    assert_eq!(deadline, now + cfg.lookup.timeout);
+    a.core.handle_timeout(deadline - Duration::from_millis(1));
+    assert!(drain(&mut a.core).is_empty());
+    a.core.handle_timeout(deadline);
+    let out = drain(&mut a.core);
+    let [Output::LookupFinished { lookup, partners }] = out.as_slice() else {
+        panic!("{out:?}");
+    };
+    assert_eq!(*lookup, id);
+    assert!(partners.stats.timed_out);
+    assert_eq!(a.core.metrics().lookups_timed_out, 1);
+    // Late DHT results are ignored.
+    a.core.handle_key_lookup_done(id, [0; 32], 3, deadline);
+    assert!(drain(&mut a.core).is_empty());
+}
+
+#[test]
+fn provider_lookups_end_at_the_quorum() {
+    let now = Instant::now();
+    let cfg = config();
+    let mut nodes = cluster(3, 1, &cfg, 8);
+    let (b, c) = (nodes[1].peer(), nodes[2].peer());
+    let a = &mut nodes[0];
+    let query = PartnerQuery::new(a.packet.header.clone(), a.margins.clone(), Arc::new(spec()));
+    let id = a.core.start_lookup(query, now).unwrap();
+    let Some(Output::GetProviders { key, .. }) = drain(&mut a.core).into_iter().next() else {
+        panic!("no key lookup");
+    };
+    let own = a.peer();
+    // Empty answers and answers naming only ourselves do not count.
+    a.core.handle_providers(id, key, [], now);
+    a.core.handle_providers(id, key, [own], now);
+    a.core.handle_providers(id, key, [b], now);
+    assert!(
+        drain(&mut a.core)
+            .iter()
+            .all(|o| !matches!(o, Output::FinishProviderLookup { .. }))
+    );
+    a.core.handle_providers(id, key, [b, c], now);
+    let out = drain(&mut a.core);
+    assert!(
+        out.iter()
+            .any(|o| matches!(o, Output::FinishProviderLookup { key: k, .. } if *k == key))
+    );
+}
+
+#[test]
+fn hot_bands_are_sharded_in_the_next_window() {
+    let now = Instant::now();
+    let mut cfg = config();
+    cfg.shards = ShardPolicy {
+        threshold: 3,
+        max_shards: 4,
+    };
+    cfg.lookup.probes = 0;
+    let mut nodes = cluster(1, 1, &cfg, 9);
+    let crowd: Vec<PeerId> = (0..3).map(|i| peer_of(&identity(7000 + i))).collect();
+    let a = &mut nodes[0];
+    let h = a.packet.header.header().clone();
+    let ctx = KeyContext::new(cfg.network, h.model, RoundWindow(1), cfg.keys);
+    let hot_key = ctx.band_key(0, cfg.keys.band_value(&h.embedding.simhash, 0));
+    let query = PartnerQuery::new(a.packet.header.clone(), a.margins.clone(), Arc::new(spec()));
+    let providers = [
+        (crowd[0], vec![hot_key]),
+        (crowd[1], vec![hot_key]),
+        (crowd[2], vec![hot_key]),
+    ];
+    let (partners, _) = run_lookup(&mut a.core, query, &providers, now, |_, req| {
+        Ok(RpcResponse::Headers {
+            id: req.id(),
+            headers: vec![],
+        })
+    });
+    assert_eq!(partners.stats.key_lookups, 16);
+
+    // Next round: band 0 is looked up under both of its shards.
+    let next = packet(&a.key, 2, h.embedding.clone(), 0.0);
+    let ctx2 = KeyContext::new(cfg.network, h.model, RoundWindow(2), cfg.keys);
+    let base = ctx2.band_key(0, cfg.keys.band_value(&h.embedding.simhash, 0));
+    let query = PartnerQuery::new(next.header.clone(), a.margins.clone(), Arc::new(spec()));
+    a.core.start_lookup(query, now).unwrap();
+    let keys: Vec<[u8; 32]> = drain(&mut a.core)
+        .into_iter()
+        .filter_map(|o| match o {
+            Output::GetProviders { key, .. } => Some(key),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(keys.len(), 17);
+    assert!(keys.contains(&base) && keys.contains(&shard_key(&base, 1)));
+    // And the node announces band 0 under one of them.
+    a.packet = next;
+    let announced = announce(a, now);
+    assert!(announced.contains(&base) || announced.contains(&shard_key(&base, 1)));
+}
+
+#[test]
+fn the_index_ranks_by_cosine_and_evicts_whole_windows() {
+    use kindred_routing::index::{IndexError, SemanticIndex};
+    let mut rng = ChaCha8Rng::seed_from_u64(10);
+    let planted = Planted::new(&mut rng, 2);
+    let mut index = SemanticIndex::new(2, 100);
+    let mut sealed = Vec::new();
+    for i in 0..40u64 {
+        let (embedding, _) = planted.sample(&mut rng, (i % 2) as usize, 0.3);
+        let p = packet(&identity(5000 + i), 7, embedding, 0.0);
+        index
+            .insert(RoundWindow(7), p.header.clone(), p.header_bytes.clone())
+            .unwrap();
+        sealed.push(p);
+    }
+    // Re-inserting is a no-op.
+    index
+        .insert(RoundWindow(7), sealed[0].header.clone(), vec![])
+        .unwrap();
+    assert_eq!(index.len(), 40);
+    // The nearest neighbours of a cluster-0 vector are the cluster-0 packets, best first, and
+    // agree with brute force.
+    let query = &sealed[0].header.header().embedding;
+    let found = index.nearest(RoundWindow(7), &query.sketch, 10);
+    assert_eq!(found.len(), 10);
+    let mut brute: Vec<(PacketId, f32)> = sealed
+        .iter()
+        .map(|p| (p.id(), query.cosine(&p.header.header().embedding)))
+        .collect();
+    brute.sort_by(|a, b| b.1.total_cmp(&a.1));
+    for (i, (entry, cosine)) in found.iter().enumerate() {
+        assert_eq!(entry.header.id(), brute[i].0);
+        assert!((cosine - brute[i].1).abs() < 1e-6);
+    }
+    assert!(found.windows(2).all(|w| w[0].1 >= w[1].1));
+    // Other windows and other sketch lengths are separate.
+    assert!(index.nearest(RoundWindow(8), &query.sketch, 5).is_empty());
+    assert!(
+        index
+            .nearest(RoundWindow(7), &query.sketch[..10], 5)
+            .is_empty()
+    );
+    // A zero sketch has no direction.
+    let mut zero = query.clone();
+    zero.sketch = vec![0; 64];
+    let p = packet(&identity(6000), 7, zero, 0.0);
+    assert_eq!(
+        index.insert(RoundWindow(7), p.header, p.header_bytes),
+        Err(IndexError::ZeroSketch)
+    );
+    // Retaining 2 windows: advancing to window 8 keeps window 7, window 9 drops it.
+    assert_eq!(index.advance(RoundWindow(8)), 0);
+    assert_eq!(index.len(), 40);
+    assert_eq!(index.advance(RoundWindow(9)), 40);
+    assert!(index.is_empty());
+    assert!(index.get(&sealed[0].id()).is_none());
+    let p = &sealed[1];
+    assert_eq!(
+        index.insert(RoundWindow(7), p.header.clone(), vec![]),
+        Err(IndexError::Evicted(RoundWindow(7)))
+    );
+    // Capacity per window.
+    let mut small = SemanticIndex::new(1, 3);
+    for p in &sealed[..3] {
+        small
+            .insert(RoundWindow(0), p.header.clone(), vec![])
+            .unwrap();
+    }
+    assert_eq!(
+        small.insert(RoundWindow(0), sealed[3].header.clone(), vec![]),
+        Err(IndexError::Full(3))
+    );
+}

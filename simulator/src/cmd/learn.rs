@@ -1,0 +1,402 @@
+//! `kindred-sim learn`: virtual nodes training the MNIST MLP under several policies at once.
+
+use std::path::Path;
+
+use clap::{Args, ValueEnum};
+use kindred_node::trainer::TrainConfig;
+use kindred_simulator::learn::{Attack, Hostile, LearnConfig, LearnReport, PolicySpec, Setting};
+use kindred_simulator::plot::{Chart, Series, line_chart};
+use serde_json::{Value, json};
+
+use super::common::{Common, progress_bar};
+use super::render::{Table, json_line, note};
+
+/// Data settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum SettingArg {
+    /// One task, IID shards.
+    Iid,
+    /// Rotation clusters (feature shift).
+    Rotation,
+    /// Label-permutation clusters (concept shift).
+    Label,
+}
+
+/// Options of `kindred-sim learn`.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct LearnArgs {
+    #[command(flatten)]
+    pub(crate) common: Common,
+    /// Virtual nodes; a comma-separated list runs one experiment per size (bytes-vs-N plot).
+    #[arg(long, value_delimiter = ',', default_value = "1000")]
+    pub(crate) nodes: Vec<usize>,
+    /// Rounds.
+    #[arg(long, default_value_t = 30)]
+    pub(crate) rounds: usize,
+    /// Task setting.
+    #[arg(long, value_enum, default_value_t = SettingArg::Label)]
+    pub(crate) setting: SettingArg,
+    /// Task clusters (ignored for iid).
+    #[arg(long, default_value_t = 4)]
+    pub(crate) clusters: usize,
+    /// Policies to compare: kindred, gossip, allreduce, local, oracle.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "kindred,gossip,allreduce,local,oracle"
+    )]
+    pub(crate) policies: Vec<String>,
+    /// SGD steps per round.
+    #[arg(long, default_value_t = 20)]
+    pub(crate) steps: usize,
+    /// Minibatch size.
+    #[arg(long, default_value_t = 32)]
+    pub(crate) batch: usize,
+    /// Learning rate.
+    #[arg(long, default_value_t = 0.1)]
+    pub(crate) lr: f64,
+    /// Bodies fetched per node (semantic top-m); also the gossip fan-out.
+    #[arg(long, default_value_t = 5)]
+    pub(crate) top_m: usize,
+    /// Multi-probe keys per round lookup.
+    #[arg(long, default_value_t = 8)]
+    pub(crate) probes: usize,
+    /// Honest nodes tracked every round (all are evaluated at the end).
+    #[arg(long, default_value_t = 64)]
+    pub(crate) eval_nodes: usize,
+    /// Held-out digits per cluster used for evaluation.
+    #[arg(long, default_value_t = 500)]
+    pub(crate) eval_examples: usize,
+    /// Share of hostile nodes (scaled ×10, sign-flipped, or noise of the same norm, in turn).
+    #[arg(long, default_value_t = 0.0)]
+    pub(crate) hostile: f64,
+}
+
+impl LearnArgs {
+    fn config(&self, nodes: usize) -> anyhow::Result<LearnConfig> {
+        let mut c = LearnConfig::new(nodes, self.rounds);
+        c.seed = self.common.seed;
+        c.setting = match self.setting {
+            SettingArg::Iid => Setting::Iid,
+            SettingArg::Rotation => Setting::Rotation {
+                clusters: self.clusters,
+            },
+            SettingArg::Label => Setting::Label {
+                clusters: self.clusters,
+            },
+        };
+        c.train = TrainConfig {
+            steps: self.steps,
+            batch: self.batch,
+            lr: self.lr,
+        };
+        c.top_m = self.top_m;
+        c.probes = self.probes;
+        c.eval_nodes = self.eval_nodes;
+        c.eval_examples = self.eval_examples;
+        c.policies = self
+            .policies
+            .iter()
+            .map(|p| match p.as_str() {
+                "kindred" => Ok(PolicySpec::kindred()),
+                "gossip" => Ok(PolicySpec::gossip(self.top_m)),
+                "allreduce" => Ok(PolicySpec::allreduce()),
+                "local" => Ok(PolicySpec::local()),
+                "oracle" => Ok(PolicySpec::oracle()),
+                other => Err(anyhow::anyhow!(
+                    "unknown policy {other:?} (kindred, gossip, allreduce, local, oracle)"
+                )),
+            })
+            .collect::<anyhow::Result<_>>()?;
+        if self.hostile > 0.0 {
+            c.hostile = Some(Hostile {
+                fraction: self.hostile,
+                attacks: vec![Attack::Scale(10.0), Attack::SignFlip, Attack::Noise],
+            });
+        }
+        Ok(c)
+    }
+}
+
+fn policy_json(r: &LearnReport) -> Value {
+    let mut m = serde_json::Map::new();
+    for p in &r.policies {
+        let by_round = |f: &dyn Fn(&kindred_simulator::learn::RoundStats) -> f64| {
+            p.rounds.iter().map(f).collect::<Vec<f64>>()
+        };
+        m.insert(
+            p.name.clone(),
+            json!({
+                "final_accuracy": p.final_accuracy,
+                "final_accuracy_sd": p.final_accuracy_sd,
+                "final_by_cluster": p.final_by_cluster,
+                "bytes_per_node_round": p.bytes_per_node_round,
+                "accuracy_by_round": by_round(&|s| s.accuracy),
+                "purity_by_round": by_round(&|s| s.purity),
+                "partners_by_round": by_round(&|s| s.partners),
+                "bytes_by_round": by_round(&|s| s.bytes_per_node),
+                "dht_bytes_per_node_round": p.rounds.iter().map(|s| s.dht_bytes_per_node).sum::<f64>() / p.rounds.len().max(1) as f64,
+                "body_bytes_mean": p.rounds.last().map_or(0.0, |s| s.body_bytes),
+                "compression_ratio_last": p.rounds.last().map_or(0.0, |s| s.compression_ratio),
+                "seconds": p.seconds,
+            }),
+        );
+    }
+    Value::Object(m)
+}
+
+/// Run `kindred-sim learn`.
+pub(crate) fn run(args: &LearnArgs) -> anyhow::Result<()> {
+    let out = args.common.out_dir()?;
+    let json = args.common.json;
+    let pb = progress_bar(json);
+    let mut reports = Vec::new();
+    for &n in &args.nodes {
+        let cfg = args.config(n)?;
+        pb.set_prefix(format!("N={n}"));
+        let cb = |stage: &str, done: u64, len: u64| {
+            pb.set_message(stage.to_owned());
+            pb.set_length(len);
+            pb.set_position(done);
+        };
+        reports.push(kindred_simulator::learn::run(&cfg, &cb)?);
+    }
+    pb.finish_and_clear();
+    let peak = kindred_simulator::mem::peak_rss_mb().unwrap_or(f64::NAN);
+    for r in &reports {
+        let mut t = Table::new(
+            &format!(
+                "kindred-sim learn: {} nodes × {} rounds, {} ({} params, {:.0} digits/node, {} hostile), {:.0} s",
+                r.nodes, r.rounds, r.setting, r.params, r.shard_size, r.hostile, r.seconds
+            ),
+            &[
+                "policy",
+                "final acc",
+                "sd",
+                "acc@round",
+                "bytes/node/rd",
+                "DHT",
+                "ratio",
+                "partners",
+                "purity",
+                "s",
+            ],
+        );
+        for p in &r.policies {
+            let last = p.rounds.last().cloned().unwrap_or_default();
+            let curve: Vec<String> = p
+                .rounds
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| (i + 1) % (r.rounds / 5).max(1) == 0)
+                .map(|(_, s)| format!("{:.2}", s.accuracy))
+                .collect();
+            t.row(vec![
+                p.name.clone(),
+                format!("{:.4}", p.final_accuracy),
+                format!("{:.4}", p.final_accuracy_sd),
+                curve.join(" "),
+                format!("{:.0}", p.bytes_per_node_round),
+                format!(
+                    "{:.0}",
+                    p.rounds.iter().map(|s| s.dht_bytes_per_node).sum::<f64>()
+                        / p.rounds.len().max(1) as f64
+                ),
+                format!("{:.1}", last.compression_ratio),
+                format!("{:.1}", last.partners),
+                if last.purity.is_finite() {
+                    format!("{:.3}", last.purity)
+                } else {
+                    "-".into()
+                },
+                format!("{:.0}", p.seconds),
+            ]);
+        }
+        t.print(json);
+    }
+    note(json, &format!("peak RSS {peak:.0} MiB"));
+    if let Some(dir) = &out {
+        write_outputs(dir, &reports)?;
+        note(json, &format!("CSV and plots written to {}", dir.display()));
+    }
+    let last = reports.last();
+    let mut line = json!({
+        "nodes": last.map_or(0, |r| r.nodes),
+        "rounds": args.rounds,
+        "setting": last.map_or(String::new(), |r| r.setting.clone()),
+        "params": last.map_or(0, |r| r.params),
+        "shard_size": last.map_or(0.0, |r| r.shard_size),
+        "hostile": last.map_or(0, |r| r.hostile),
+        "steps": args.steps,
+        "seconds": last.map_or(0.0, |r| r.seconds),
+        "peak_rss_mb": peak,
+        "policies": last.map_or(json!({}), policy_json),
+    });
+    if reports.len() > 1 {
+        if let Some(o) = line.as_object_mut() {
+            o.insert(
+                "runs".into(),
+                Value::Array(
+                    reports
+                        .iter()
+                        .map(|r| json!({"nodes": r.nodes, "seconds": r.seconds, "policies": policy_json(r)}))
+                        .collect(),
+                ),
+            );
+        }
+    }
+    json_line(&line);
+    Ok(())
+}
+
+fn write_outputs(dir: &Path, reports: &[LearnReport]) -> anyhow::Result<()> {
+    let f = |v: f64| {
+        if v.is_finite() {
+            format!("{v:.6}")
+        } else {
+            String::new()
+        }
+    };
+    let mut rows = Vec::new();
+    for r in reports {
+        for p in &r.policies {
+            for s in &p.rounds {
+                rows.push(vec![
+                    r.nodes.to_string(),
+                    r.setting.clone(),
+                    p.name.clone(),
+                    s.round.to_string(),
+                    f(s.accuracy),
+                    f(s.accuracy_sd),
+                    f(s.loss),
+                    f(s.bytes_per_node),
+                    f(s.dht_bytes_per_node),
+                    f(s.header_bytes_per_node),
+                    f(s.body_bytes_per_node),
+                    f(s.partners),
+                    f(s.candidates),
+                    f(s.purity),
+                    f(s.rejected),
+                    f(s.body_bytes),
+                    f(s.header_bytes),
+                    f(s.compression_ratio),
+                ]);
+            }
+        }
+    }
+    kindred_simulator::csv::write(
+        &dir.join("learn_rounds.csv"),
+        &[
+            "nodes",
+            "setting",
+            "policy",
+            "round",
+            "accuracy",
+            "accuracy_sd",
+            "loss",
+            "bytes_per_node",
+            "dht_bytes_per_node",
+            "header_bytes_per_node",
+            "body_bytes_per_node",
+            "partners",
+            "candidates",
+            "purity",
+            "rejected",
+            "body_bytes",
+            "header_bytes",
+            "compression_ratio",
+        ],
+        &rows,
+    )?;
+    let mut rows = Vec::new();
+    for r in reports {
+        for p in &r.policies {
+            rows.push(vec![
+                r.nodes.to_string(),
+                r.setting.clone(),
+                p.name.clone(),
+                f(p.final_accuracy),
+                f(p.final_accuracy_sd),
+                f(p.bytes_per_node_round),
+                f(p.seconds),
+            ]);
+        }
+    }
+    kindred_simulator::csv::write(
+        &dir.join("learn_summary.csv"),
+        &[
+            "nodes",
+            "setting",
+            "policy",
+            "final_accuracy",
+            "final_accuracy_sd",
+            "bytes_per_node_round",
+            "seconds",
+        ],
+        &rows,
+    )?;
+    if let Some(r) = reports.last() {
+        let series: Vec<Series> = r
+            .policies
+            .iter()
+            .map(|p| {
+                Series::new(
+                    p.name.clone(),
+                    p.rounds
+                        .iter()
+                        .map(|s| ((s.round + 1) as f64, s.accuracy))
+                        .collect(),
+                )
+            })
+            .collect();
+        line_chart(
+            &dir.join("accuracy_vs_round.svg"),
+            &Chart {
+                title: &format!(
+                    "Accuracy vs round ({} nodes, {}, MNIST MLP)",
+                    r.nodes, r.setting
+                ),
+                x_label: "round",
+                y_label: "held-out accuracy (tracked honest nodes)",
+                log_x: false,
+                log_y: false,
+                y_range: Some((0.0, 1.0)),
+            },
+            &series,
+        )?;
+    }
+    if reports.len() >= 2 {
+        let names: Vec<String> = reports
+            .first()
+            .map(|r| r.policies.iter().map(|p| p.name.clone()).collect())
+            .unwrap_or_default();
+        let series: Vec<Series> = names
+            .iter()
+            .map(|name| {
+                let pts: Vec<(f64, f64)> = reports
+                    .iter()
+                    .filter_map(|r| {
+                        let p = r.policies.iter().find(|p| &p.name == name)?;
+                        Some((r.nodes as f64, p.bytes_per_node_round / 1024.0))
+                    })
+                    .filter(|p| p.1 > 0.0)
+                    .collect();
+                Series::new(name.clone(), pts)
+            })
+            .filter(|s| !s.points.is_empty())
+            .collect();
+        line_chart(
+            &dir.join("bytes_vs_nodes_by_policy.svg"),
+            &Chart {
+                title: "Bytes per node per round vs network size, per policy",
+                x_label: "nodes (log scale)",
+                y_label: "KiB per node per round (log scale)",
+                log_x: true,
+                log_y: true,
+                y_range: None,
+            },
+            &series,
+        )?;
+    }
+    Ok(())
+}

@@ -1,0 +1,6 @@
+//! The subcommands: argument parsing, running, and rendering (the only place that prints).
+
+pub(crate) mod common;
+pub(crate) mod learn;
+pub(crate) mod render;
+pub(crate) mod routing;

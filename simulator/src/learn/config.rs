@@ -1,0 +1,242 @@
+//! What a learning run does: data setting, policies, training, evaluation, hostile nodes.
+
+use kindred_distill::{EmbeddingConfig, Policy, SynthConfig};
+use kindred_node::trainer::{Arch, Task, TrainConfig};
+
+/// How tasks differ between nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Setting {
+    /// One task, IID shards.
+    Iid,
+    /// `clusters` tasks, images rotated by `c` quarter turns (feature shift).
+    Rotation {
+        /// Number of task clusters (≤ 4 distinct rotations).
+        clusters: usize,
+    },
+    /// `clusters` tasks, labels shifted by `c` (concept shift).
+    Label {
+        /// Number of task clusters (≤ 10 distinct shifts).
+        clusters: usize,
+    },
+}
+
+impl Setting {
+    /// Number of task clusters.
+    pub fn clusters(&self) -> usize {
+        match *self {
+            Self::Iid => 1,
+            Self::Rotation { clusters } | Self::Label { clusters } => clusters.max(1),
+        }
+    }
+
+    /// Task of cluster `c`.
+    pub fn task(&self, c: usize) -> Task {
+        match self {
+            Self::Iid => Task::IDENTITY,
+            Self::Rotation { .. } => Task::rotation_cluster(c),
+            Self::Label { .. } => Task::label_cluster(c),
+        }
+    }
+
+    /// Short name (`iid`, `rotation4`, `label4`).
+    pub fn name(&self) -> String {
+        match self {
+            Self::Iid => "iid".into(),
+            Self::Rotation { clusters } => format!("rotation{clusters}"),
+            Self::Label { clusters } => format!("label{clusters}"),
+        }
+    }
+}
+
+/// Whom a node merges with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Partners {
+    /// Nobody: local training only.
+    Local,
+    /// Everybody: the global average of every node's update, applied by every node.
+    AllReduce,
+    /// Its true task cluster: the cluster average (the oracle clustering).
+    Oracle,
+    /// `fanout` peers drawn uniformly at random each round.
+    Gossip {
+        /// Peers per round.
+        fanout: usize,
+    },
+    /// The top-m peers found through the routing model (band keys + multi-probe lookups),
+    /// ranked by sketch cosine.
+    Semantic,
+}
+
+/// What goes on the wire.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Compression {
+    /// The dense f32 update.
+    Full,
+    /// A `kindred-distill` packet body under this policy (with error feedback per node).
+    Distill(Policy),
+}
+
+/// How a node combines its own update with its partners'.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Merge {
+    /// Sample-weighted mean of everything (no checks).
+    Mean,
+    /// `kindred_distill::synthesize`: norm clipping, cosine gate, similarity weights.
+    Robust(SynthConfig),
+}
+
+/// One policy compared in a run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PolicySpec {
+    /// Name in tables, CSV and JSON.
+    pub name: String,
+    /// Partner selection.
+    pub partners: Partners,
+    /// Wire format.
+    pub compression: Compression,
+    /// Merge rule.
+    pub merge: Merge,
+}
+
+impl PolicySpec {
+    /// Kindred: distilled packets, semantic partners, robust merge.
+    pub fn kindred() -> Self {
+        Self {
+            name: "kindred".into(),
+            partners: Partners::Semantic,
+            compression: Compression::Distill(Policy::default()),
+            merge: Merge::Robust(SynthConfig::default()),
+        }
+    }
+
+    /// Random gossip with Kindred's packets and merge and the given fan-out.
+    pub fn gossip(fanout: usize) -> Self {
+        Self {
+            name: "gossip".into(),
+            partners: Partners::Gossip { fanout },
+            compression: Compression::Distill(Policy::default()),
+            merge: Merge::Robust(SynthConfig::default()),
+        }
+    }
+
+    /// Global full-precision all-reduce (FedAvg-style: everyone applies the global mean).
+    pub fn allreduce() -> Self {
+        Self {
+            name: "allreduce".into(),
+            partners: Partners::AllReduce,
+            compression: Compression::Full,
+            merge: Merge::Mean,
+        }
+    }
+
+    /// Local training only.
+    pub fn local() -> Self {
+        Self {
+            name: "local".into(),
+            partners: Partners::Local,
+            compression: Compression::Full,
+            merge: Merge::Mean,
+        }
+    }
+
+    /// Oracle clustering: full-precision average within the true task cluster.
+    pub fn oracle() -> Self {
+        Self {
+            name: "oracle".into(),
+            partners: Partners::Oracle,
+            compression: Compression::Full,
+            merge: Merge::Mean,
+        }
+    }
+
+    /// The five policies of issue 7, gossip with `fanout` (Kindred's top-m).
+    pub fn standard(fanout: usize) -> Vec<Self> {
+        vec![
+            Self::kindred(),
+            Self::gossip(fanout),
+            Self::allreduce(),
+            Self::local(),
+            Self::oracle(),
+        ]
+    }
+}
+
+/// What a hostile node does to its update before sending it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Attack {
+    /// Multiply by a factor.
+    Scale(f32),
+    /// Negate.
+    SignFlip,
+    /// Replace by Gaussian noise of the same norm.
+    Noise,
+}
+
+/// Hostile nodes: a fraction of the nodes, each using one of the attacks (round-robin).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Hostile {
+    /// Share of nodes that are hostile.
+    pub fraction: f64,
+    /// Attacks, assigned to hostile nodes in turn.
+    pub attacks: Vec<Attack>,
+}
+
+/// Everything a learning run depends on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LearnConfig {
+    /// Virtual nodes.
+    pub nodes: usize,
+    /// Rounds.
+    pub rounds: usize,
+    /// Seed of everything random (data split, initial model, minibatches, partners).
+    pub seed: u64,
+    /// Task setting.
+    pub setting: Setting,
+    /// Model architecture.
+    pub arch: Arch,
+    /// Local training per round.
+    pub train: TrainConfig,
+    /// Policies compared (each on its own copy of every node, from the same initial model).
+    pub policies: Vec<PolicySpec>,
+    /// Bodies a node fetches (semantic partners). Default `kindred-routing`'s 5.
+    pub top_m: usize,
+    /// Candidates below this sketch cosine are never fetched. Default `kindred-routing`'s 0.5.
+    pub min_cosine: f32,
+    /// Multi-probe keys per round lookup. Default `kindred-routing`'s 8.
+    pub probes: usize,
+    /// Embedding parameters (network-wide).
+    pub embedding: EmbeddingConfig,
+    /// Share of MNIST held out for evaluation. Default 0.2.
+    pub eval_fraction: f64,
+    /// Evaluation digits per cluster (from the held-out part). Default 500.
+    pub eval_examples: usize,
+    /// Honest nodes whose accuracy is tracked every round (spread over clusters); the final
+    /// round evaluates every node. Default 64.
+    pub eval_nodes: usize,
+    /// Hostile nodes, if any.
+    pub hostile: Option<Hostile>,
+}
+
+impl LearnConfig {
+    /// Defaults: the MNIST MLP, 4 label-shift clusters, the five standard policies.
+    pub fn new(nodes: usize, rounds: usize) -> Self {
+        let lookup = kindred_routing::LookupConfig::default();
+        Self {
+            nodes,
+            rounds,
+            seed: 1,
+            setting: Setting::Label { clusters: 4 },
+            arch: Arch::MLP,
+            train: TrainConfig::default(),
+            policies: PolicySpec::standard(lookup.top_m),
+            top_m: lookup.top_m,
+            min_cosine: lookup.min_cosine,
+            probes: lookup.probes,
+            embedding: EmbeddingConfig::default(),
+            eval_fraction: 0.2,
+            eval_examples: 500,
+            eval_nodes: 64,
+            hostile: None,
+        }
+    }
+}

@@ -1,0 +1,40 @@
+//! 8 real node processes on loopback in 2 label-permutation clusters: every node's merge partners
+//! come from its own cluster, and merging beats training alone.
+#![allow(clippy::unwrap_used, clippy::print_stdout)]
+
+use kindred_node::demo::{self, DemoOptions};
+use kindred_tests::{TempDir, kindred_bin};
+
+#[test]
+fn eight_nodes_two_clusters_merge_within_their_cluster_and_beat_local_training() {
+    let dir = TempDir::new("clusters");
+    let report = demo::run(DemoOptions {
+        nodes: 8,
+        clusters: 2,
+        rounds: 8,
+        round_secs: 3.0,
+        seed: 11,
+        steps: 50,
+        dir: Some(dir.path().to_path_buf()),
+        binary: kindred_bin(),
+    })
+    .unwrap();
+    demo::print(&report, true);
+    assert_eq!(report.rounds, 8, "every node completed its rounds");
+    for n in &report.per_node {
+        assert!(n.partners > 0, "node {} merged with nobody", n.peer);
+        assert!(
+            n.purity >= 0.95,
+            "node {}: partner purity {:.2}",
+            n.peer,
+            n.purity
+        );
+        assert!(
+            n.acc_kindred > n.acc_local,
+            "node {}: Kindred {:.4} does not beat local-only {:.4}",
+            n.peer,
+            n.acc_kindred,
+            n.acc_local
+        );
+    }
+}
