@@ -2,11 +2,11 @@
 //!
 //! [`Distiller::distill`] is one round:
 //!
-//! 1. validate the update (a wrong length or a NaN is rejected before any state changes);
+//! 1. embed the update: one read of it (per-layer count-sketches, then SimHash), which also
+//!    rejects a wrong length or a NaN before any state changes;
 //! 2. per layer, one fused pass over memory: `residual += update` with the statistics of the
-//!    result, the count-sketch of the (centred) update for the embedding, and the top-k
-//!    candidates above a threshold sampled just before (see `kindred_kernels::Kernels::
-//!    accumulate_fused`); the embedding is finished from the per-layer sketches;
+//!    result and the top-k candidates above a threshold sampled just before (see
+//!    `kindred_kernels::Kernels::accumulate_fused`);
 //! 3. the [`Policy`] plans each layer from those statistics and the round;
 //! 4. each layer is encoded from its residual (dense f16, top-k + int8, or sign), and what was
 //!    *not* delivered exactly, including rounding and quantisation error, stays in the residual
@@ -20,14 +20,14 @@ use std::sync::Arc;
 
 use half::f16;
 use kindred_kernels::{
-    AccumulateError, Backend, Candidates, Kernels, Rounding, SIMHASH_BITS, SketchInto, Stats, rng,
+    AccumulateError, Backend, Candidates, Kernels, Rounding, SIMHASH_BITS, Stats, rng,
 };
 use kindred_proto::{
     DenseValues, Embedding, LayerPayload, ModelSpec, PacketBody, PayloadKind, SignBits, TopK,
     encode_body,
 };
 
-use crate::embed::{Embedded, Embedder, EmbeddingConfig, add_normalised};
+use crate::embed::{Embedded, Embedder, EmbeddingConfig};
 use crate::error::{ConfigError, DistillError, EmbedError};
 use crate::layout::Layout;
 use crate::policy::{LayerPlan, Policy, k_for};
@@ -266,47 +266,24 @@ impl Distiller {
             }
             .into());
         }
-        // Validate the whole update before touching any residual.
-        if let Some((index, value)) = self.backend.find_non_finite(update) {
-            let (layer, index) = self.locate(index);
-            return Err(EmbedError::NonFinite {
-                layer,
-                index,
-                value,
-            }
-            .into());
-        }
+        // The embedding pass reads the whole update first (a count-sketch per layer, compute-bound
+        // at about memory speed) and rejects a NaN or infinity before any residual is touched:
+        // it is the validation pass, so the fused pass below need not check again.
+        let embedded = self.embed(update)?;
         let round = self.round;
         let layer_count = self.layout.layers();
         let mut stats = Vec::with_capacity(layer_count);
         let mut candidates: Vec<Option<Candidates>> = Vec::with_capacity(layer_count);
         let mut resets = 0;
-        let dim = self.embedder.config().sketch_dim;
-        let mut total = vec![0f32; dim];
-        let mut scratch = vec![0f32; dim];
         let ranges: Vec<_> = self.layout.ranges().collect();
-        let center = self.embedder.config().center && self.mean_count > 0;
         for (layer, range) in ranges.iter().enumerate() {
             let fused_k = self.fused_k(layer, round);
             let seed = self.sample_seed(round, layer);
             let u = update.get(range.clone()).unwrap_or_default();
             let r = self.residual.get_mut(range.clone()).unwrap_or_default();
-            let c = if center {
-                self.mean.get(range.clone())
-            } else {
-                None
-            };
             let threshold = fused_k.and_then(|k| self.backend.sample_threshold(r, u, k, seed));
-            scratch.fill(0.0);
-            let sketch = SketchInto {
-                sketch: self.embedder.sketch(),
-                center: c,
-                first_index: range.start as u64,
-                out: &mut scratch,
-            };
-            match self.backend.accumulate_fused(r, u, Some(sketch), threshold) {
+            match self.backend.accumulate_fused(r, u, None, threshold) {
                 Ok(fused) => {
-                    add_normalised(&mut total, &scratch, fused.sketch_sum_sq);
                     stats.push(fused.stats);
                     candidates.push(threshold.map(|_| fused.candidates));
                 }
@@ -321,23 +298,10 @@ impl Distiller {
                     resets += 1;
                     stats.push(self.backend.stats(r).unwrap_or_default());
                     candidates.push(None);
-                    scratch.fill(0.0);
-                    let sum_sq = self
-                        .backend
-                        .count_sketch(
-                            self.embedder.sketch(),
-                            u,
-                            c,
-                            range.start as u64,
-                            &mut scratch,
-                        )
-                        .map_err(|source| EmbedError::Sketch { layer, source })?;
-                    add_normalised(&mut total, &scratch, sum_sq);
                 }
                 Err(source) => return Err(DistillError::Accumulate { layer, source }),
             }
         }
-        let embedded = self.embedder.finish(&total)?;
         let plans = self.policy.plan(self.spec.layers(), &stats, round);
         let mut layers = Vec::with_capacity(plans.len());
         let mut reports = Vec::with_capacity(plans.len());

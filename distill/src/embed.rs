@@ -190,13 +190,8 @@ impl Embedder {
         self.finish(&total)
     }
 
-    /// The count-sketch parameters (for fused passes that sketch while they accumulate).
-    pub(crate) fn sketch(&self) -> &CountSketch {
-        &self.sketch
-    }
-
     /// SimHash and int8-quantise a finished sketch (the sum of per-layer normalised sketches).
-    pub(crate) fn finish(&self, total: &[f32]) -> Result<Embedded, EmbedError> {
+    fn finish(&self, total: &[f32]) -> Result<Embedded, EmbedError> {
         let dim = self.config.sketch_dim;
         let hash = self.hasher.hash(total).map_err(EmbedError::SimHash)?;
         let mut sketch = vec![0i8; dim];
@@ -217,7 +212,7 @@ impl Embedder {
 
 /// `total += layer / sqrt(sum_sq)`: one layer's sketch, L2-normalised (skipped for an all-zero
 /// layer).
-pub(crate) fn add_normalised(total: &mut [f32], layer: &[f32], sum_sq: f64) {
+fn add_normalised(total: &mut [f32], layer: &[f32], sum_sq: f64) {
     if sum_sq > 0.0 && sum_sq.is_finite() {
         let inv = (1.0 / sum_sq.sqrt()) as f32;
         for (t, s) in total.iter_mut().zip(layer) {

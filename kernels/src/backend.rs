@@ -6,8 +6,15 @@
 //! `#[cfg(feature = "cuda")] Cuda(CudaBackend)`, one arm per method in [`dispatch!`], and a
 //! constructor such as `Backend::detect()` that falls back to the CPU). The enum is
 //! `#[non_exhaustive]`, so adding that variant breaks no caller.
+//!
+//! [`Backend::detect`] is how a program picks its backend: the CUDA one when the `cuda` feature
+//! is built *and* the driver library, a device and NVRTC are all there and the kernels compile
+//! and load, otherwise the CPU. It never panics, and logs one `info` line saying which backend
+//! runs and why, so an operator can tell from the log whether a GPU host is using its GPU.
 
 use crate::cpu::{CpuBackend, Kernels};
+#[cfg(feature = "cuda")]
+use crate::cuda::CudaBackend;
 use crate::error::{
     AccumulateError, DequantizeError, QuantizeError, SignPackError, SignUnpackError, SimHashError,
     SketchError, TopKError,
@@ -35,6 +42,10 @@ use crate::types::{
 pub enum Backend {
     /// The CPU backend (rayon + auto-vectorised loops).
     Cpu(CpuBackend),
+    /// The CUDA backend (feature `cuda`): kernels it does not run on the device run on its CPU
+    /// backend (see [`CudaBackend`]).
+    #[cfg(feature = "cuda")]
+    Cuda(CudaBackend),
 }
 
 impl Default for Backend {
@@ -54,10 +65,62 @@ impl Backend {
         Self::Cpu(CpuBackend::single_threaded())
     }
 
-    /// A short name for logs and benchmark output (`"cpu"`).
+    /// A short name for logs and benchmark output (`"cpu"` or `"cuda"`).
     pub fn name(&self) -> &'static str {
         match self {
             Self::Cpu(_) => "cpu",
+            #[cfg(feature = "cuda")]
+            Self::Cuda(_) => "cuda",
+        }
+    }
+
+    /// The best backend this host can run: CUDA on device 0 when the `cuda` feature is built and
+    /// the driver library, a device and NVRTC are present and the kernels compile and load;
+    /// otherwise the CPU backend. Logs one `tracing::info!` line with the choice and its reason
+    /// (`kernels: CPU backend (no CUDA driver library found)`).
+    ///
+    /// Never panics: library presence is checked before any CUDA call, and every failure after
+    /// that is a value (see [`crate::cuda::CudaBackend::new`]). Repeated calls reuse the device's
+    /// compiled kernels.
+    ///
+    /// ```
+    /// let backend = kindred_kernels::Backend::detect();
+    /// assert!(matches!(backend.name(), "cpu" | "cuda"));
+    /// ```
+    pub fn detect() -> Self {
+        let (backend, reason) = Self::probe();
+        tracing::info!("kernels: {} backend ({reason})", backend.label());
+        backend
+    }
+
+    /// The backend [`Backend::detect`] picks and the reason, without logging.
+    #[cfg(feature = "cuda")]
+    fn probe() -> (Self, String) {
+        match CudaBackend::new(0) {
+            Ok(cuda) => {
+                let (major, minor) = cuda.compute_capability();
+                let reason = format!(
+                    "device 0: {}, compute capability {major}.{minor}, kernels compiled by NVRTC",
+                    cuda.device_name()
+                );
+                (Self::Cuda(cuda), reason)
+            }
+            Err(e) => (Self::cpu(), e.to_string()),
+        }
+    }
+
+    /// The backend [`Backend::detect`] picks and the reason, without logging.
+    #[cfg(not(feature = "cuda"))]
+    fn probe() -> (Self, String) {
+        (Self::cpu(), "built without the `cuda` feature".to_owned())
+    }
+
+    /// The backend's name as the detection log line writes it.
+    fn label(&self) -> &'static str {
+        match self {
+            Self::Cpu(_) => "CPU",
+            #[cfg(feature = "cuda")]
+            Self::Cuda(_) => "CUDA",
         }
     }
 }
@@ -67,6 +130,8 @@ macro_rules! dispatch {
     ($self:ident, $b:ident => $call:expr) => {
         match $self {
             Backend::Cpu($b) => $call,
+            #[cfg(feature = "cuda")]
+            Backend::Cuda($b) => $call,
         }
     };
 }
@@ -165,5 +230,28 @@ impl Kernels for Backend {
         k: usize,
     ) -> Result<Selection, TopKError> {
         dispatch!(self, b => b.topk_candidates(residual, candidates, k))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// This crate's CI hosts have no GPU: detection must pick the CPU, with or without the `cuda`
+    /// feature, and must not panic when the driver or NVRTC is missing.
+    #[test]
+    fn detect_falls_back_to_cpu_without_a_gpu() {
+        #[cfg(feature = "cuda")]
+        if crate::cuda::driver_available() {
+            // A host with a driver (the GPU machine): whatever it picks must be usable.
+            let b = Backend::detect();
+            let mut r = vec![1.0f32; 4];
+            assert!(b.accumulate(&mut r, &[1.0; 4]).is_ok());
+            return;
+        }
+        let (backend, reason) = Backend::probe();
+        assert_eq!(backend.name(), "cpu");
+        assert!(!reason.is_empty());
+        assert_eq!(Backend::detect().name(), "cpu");
     }
 }

@@ -13,8 +13,9 @@
 //!
 //! Each kernel has one definition (the [`Kernels`] trait) dispatched through [`Backend`]: a CPU
 //! backend that is always built ([`CpuBackend`]: rayon for large slices, loops shaped so the
-//! compiler vectorises them) and, later, a CUDA backend behind the `cuda` feature and a runtime
-//! check, so the same binary runs on hosts with and without a GPU.
+//! compiler vectorises them) and a CUDA backend ([`cuda::CudaBackend`]) behind the `cuda` feature
+//! and a run-time check ([`Backend::detect`]), so the same binary runs on hosts with and without a
+//! GPU.
 //!
 //! Every kernel is deterministic: randomness comes from explicit seeds through [`rng`], and
 //! reductions combine fixed-size chunks in a fixed order, so results are bit-identical across runs
@@ -39,6 +40,8 @@
 
 mod backend;
 mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod error;
 pub mod rng;
 mod simhash;
@@ -46,6 +49,11 @@ mod types;
 
 pub use backend::Backend;
 pub use cpu::{CpuBackend, Kernels, Threading};
+#[cfg(feature = "cuda")]
+pub use cuda::{CudaBackend, CudaError, DeviceSelection};
+/// The cudarc version the CUDA backend is built on, for callers that allocate device buffers.
+#[cfg(feature = "cuda")]
+pub use cudarc;
 pub use error::{
     AccumulateError, DequantizeError, QuantizeError, SignPackError, SignUnpackError, SimHashError,
     SketchError, TopKError,

@@ -183,7 +183,8 @@ impl Engine {
             ..EmbeddingConfig::default()
         };
         let mut distiller = Distiller::new((*spec).clone(), Policy::default(), embedding)
-            .map_err(|e| EngineError::Distill(e.to_string()))?;
+            .map_err(|e| EngineError::Distill(e.to_string()))?
+            .with_backend(kindred_kernels::Backend::detect());
         let origin = match t.kind {
             TrainerKind::Builtin => model.params()?,
             TrainerKind::External => vec![0.0; spec.numel() as usize],

@@ -28,8 +28,30 @@ enum Command {
     Learn(cmd::learn::LearnArgs),
 }
 
+/// candle asks for its thread count on every tensor operation, and unless `RAYON_NUM_THREADS`
+/// is set that means parsing `/proc/cpuinfo` each time: about 40 % of the CPU time of a learning
+/// run here. Training commands therefore re-run themselves once with the variable set (to the
+/// available parallelism, which is what rayon would use anyway). Returns the child's exit code
+/// when it re-ran.
+fn rerun_with_rayon_threads() -> anyhow::Result<Option<i32>> {
+    if std::env::var_os("RAYON_NUM_THREADS").is_some() {
+        return Ok(None);
+    }
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let status = std::process::Command::new(std::env::current_exe()?)
+        .args(std::env::args_os().skip(1))
+        .env("RAYON_NUM_THREADS", threads.to_string())
+        .status()?;
+    Ok(Some(status.code().unwrap_or(1)))
+}
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    if matches!(cli.command, Command::Learn(_)) {
+        if let Some(code) = rerun_with_rayon_threads()? {
+            std::process::exit(code);
+        }
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()

@@ -144,7 +144,7 @@ impl Latency {
         );
         let ms = match self {
             Self::LogNormal { median_ms, sigma } => {
-                let z = crate::rng::gaussian(link, kindred_kernels::rng::mix64(link ^ 0xABCD));
+                let z = crate::rng::normal_quantile(crate::rng::unit_open(link));
                 median_ms * (sigma * z).exp()
             }
             Self::Matrix { sites, rtt_ms } => {
