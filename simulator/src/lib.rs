@@ -14,11 +14,12 @@
 //!   against brute force.
 //! - [`learn`]: the learning tier (virtual nodes training candle models, distilling, finding
 //!   partners through the routing model, merging), comparing policies in one run.
-//! - `calibrate`: the model against a real libp2p swarm of the `routing` behaviour.
+//! - [`calibrate`]: the model against a real swarm of `kindred-routing` nodes at the same N.
 //!
 //! Every run is a pure function of its configuration and seed: the same seed gives the same
 //! figures, whatever the thread count.
 
+pub mod calibrate;
 pub mod csv;
 pub mod learn;
 pub mod mem;

@@ -26,6 +26,9 @@ enum Command {
     /// Learning tier: virtual nodes train the MNIST MLP on their shards under task clusters,
     /// distill, find partners (semantic routing, gossip, all-reduce, local, oracle) and merge.
     Learn(cmd::learn::LearnArgs),
+    /// Calibration: a real swarm of kindred-routing nodes (N = 64 and 256 by default) in one
+    /// process and the model at the same N, on the same workload: requests per lookup, success.
+    Calibrate(cmd::calibrate::CalibrateArgs),
 }
 
 /// candle asks for its thread count on every tensor operation, and unless `RAYON_NUM_THREADS`
@@ -62,5 +65,6 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Routing(args) => cmd::routing::run(&args),
         Command::Learn(args) => cmd::learn::run(&args),
+        Command::Calibrate(args) => cmd::calibrate::run(&args),
     }
 }

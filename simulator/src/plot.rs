@@ -173,7 +173,21 @@ pub fn line_chart(path: &Path, chart: &Chart<'_>, series: &[Series]) -> Result<(
             human(*v)
         }
     };
+    // On a log axis ask for about one label per decade, so labels land on powers of ten.
+    let decades = |lo: f64, hi: f64| ((hi - lo).ceil() as usize + 1).clamp(2, 10);
+    let x_labels = if chart.log_x {
+        decades(tx(x0), tx(x1))
+    } else {
+        10
+    };
+    let y_labels = if chart.log_y {
+        decades(ty(y0), ty(y1))
+    } else {
+        10
+    };
     c.configure_mesh()
+        .x_labels(x_labels)
+        .y_labels(y_labels)
         .x_desc(chart.x_label)
         .y_desc(chart.y_label)
         .x_label_formatter(&fmt_x)

@@ -1,5 +1,6 @@
 //! The subcommands: argument parsing, running, and rendering (the only place that prints).
 
+pub(crate) mod calibrate;
 pub(crate) mod common;
 pub(crate) mod learn;
 pub(crate) mod render;

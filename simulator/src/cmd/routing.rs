@@ -193,6 +193,7 @@ impl Group {
             "recall_queries": first.recall_queries,
             "recall_by_probes": by_probes,
             "recall_uncapped": m(&|r| r.recall_uncapped),
+            "recall_by_key_count": m(&|r| r.recall_by_key_count),
             "neighbour_cosine": m(&|r| r.neighbour_cosine),
             "found_same_task": m(&|r| r.found_same_task),
             "announce_rpcs_mean": m(&|r| r.announce_rpcs.mean),

@@ -39,6 +39,9 @@ pub struct Overlay {
     keys: KeyConfig,
     shards: ShardPolicy,
     probes: usize,
+    /// Use steady-state hot-band shard counts (false: every band on one key, as in a network's
+    /// first round window, before any node has seen a hot band).
+    sharding: bool,
     network: NetworkId,
     model: ModelId,
     seed: u64,
@@ -59,6 +62,10 @@ pub struct OverlayRound {
     pub rpcs_mean: f64,
     /// Mean hops per `GET_PROVIDERS` lookup.
     pub hops_mean: f64,
+    /// Requests of every `GET_PROVIDERS` lookup, in job order.
+    pub provider_rpcs: Vec<u32>,
+    /// `GET_PROVIDERS` lookups per node.
+    pub key_lookups: Vec<u32>,
 }
 
 impl Overlay {
@@ -76,6 +83,7 @@ impl Overlay {
             keys: KeyConfig::default(),
             shards: ShardPolicy::default(),
             probes: kindred_routing::LookupConfig::default().probes,
+            sharding: true,
             network: NetworkId::from_name("kindred-sim"),
             model,
             seed,
@@ -85,6 +93,13 @@ impl Overlay {
     /// Use `probes` multi-probe keys per lookup.
     pub fn with_probes(mut self, probes: usize) -> Self {
         self.probes = probes;
+        self
+    }
+
+    /// Whether hot bands are sharded at their steady-state counts (default) or not at all (a
+    /// first round window).
+    pub fn with_sharding(mut self, sharding: bool) -> Self {
+        self.sharding = sharding;
         self
     }
 
@@ -124,7 +139,7 @@ impl Overlay {
             .filter_map(|i| sigs.get(i).copied())
             .collect();
         let shards = Shards::from_signatures(
-            &announced,
+            if self.sharding { &announced } else { &[] },
             self.keys,
             self.shards,
             self.kad.max_providers_per_key,
@@ -199,10 +214,14 @@ impl Overlay {
                 .collect()
         };
         let mut found: Vec<Vec<u32>> = vec![Vec::new(); n];
+        let mut key_lookups = vec![0u32; n];
         let (mut rpcs, mut hops) = (0u64, 0u64);
         for (q, providers, r, h) in &outcomes {
             rpcs += u64::from(*r);
             hops += u64::from(*h);
+            if let Some(c) = key_lookups.get_mut(*q as usize) {
+                *c += 1;
+            }
             if let Some(f) = found.get_mut(*q as usize) {
                 for p in providers {
                     if f.len() < self.kad.max_providers && !f.contains(p) {
@@ -220,6 +239,8 @@ impl Overlay {
             lookups,
             rpcs_mean: rpcs as f64 / per,
             hops_mean: hops as f64 / per,
+            provider_rpcs: outcomes.iter().map(|o| o.2).collect(),
+            key_lookups,
         })
     }
 

@@ -200,6 +200,9 @@ pub struct RoutingReport {
     /// Mean recall@k if every provider found were ranked, not only the first `max_providers`
     /// (a diagnostic: the routing core does cap).
     pub recall_uncapped: f64,
+    /// Mean recall@k if the provider cap kept the providers returned under the most keys
+    /// instead of the first to arrive (a diagnostic for the routing core).
+    pub recall_by_key_count: f64,
     /// Mean cosine of the true k-th nearest neighbour (the workload's difficulty).
     pub neighbour_cosine: f64,
     /// Share of the found top-k in the querier's own task cluster.
@@ -648,6 +651,7 @@ pub fn run(cfg: &RoutingConfig, progress: ProgressFn<'_>) -> Result<RoutingRepor
             .collect();
         report.recall = report.recall_by_probes.last().copied().unwrap_or(0.0);
         report.recall_uncapped = avg(&|r| r.uncapped);
+        report.recall_by_key_count = avg(&|r| r.by_keys);
         report.neighbour_cosine = avg(&|r| r.kth);
         report.found_same_task = avg(&|r| r.same_task);
     }
@@ -686,6 +690,8 @@ struct RecallOf {
     by_probe: Vec<f64>,
     /// Recall@k with every provider found ranked (no cap), all probes.
     uncapped: f64,
+    /// Recall@k if the cap kept the providers found under the most keys.
+    by_keys: f64,
     /// Cosine of the true k-th neighbour.
     kth: f64,
     /// Share of the found top-k in the querier's task.
@@ -760,8 +766,32 @@ fn recall_of(
         .filter(|f| emb.cluster(f.1) == emb.cluster(q))
         .count() as f64
         / top.len().max(1) as f64;
+    // Alternative the core could use: keep the providers returned under the most keys (each
+    // shared band is evidence of similarity), earliest first among equals.
+    let by_keys = {
+        let mut count: std::collections::HashMap<u32, (u32, Micros)> =
+            std::collections::HashMap::new();
+        for &(at, p, _) in &arrivals {
+            let e = count.entry(p).or_insert((0, at));
+            e.0 += 1;
+            e.1 = e.1.min(at);
+        }
+        let mut order: Vec<(u32, Micros, u32)> =
+            count.into_iter().map(|(p, (n, at))| (n, at, p)).collect();
+        order.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+        let mut v: Vec<(f32, u32)> = order
+            .into_iter()
+            .take(max_providers)
+            .filter(|&(_, _, p)| p != q && timelines.online(p, end))
+            .map(|(_, _, p)| (dot(qv, emb.vec(p)), p))
+            .collect();
+        v.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        v.truncate(k);
+        hits(&v)
+    };
     RecallOf {
         by_probe,
+        by_keys,
         uncapped: hits(&ranked(probes, usize::MAX)),
         kth: f64::from(kth),
         same_task,
@@ -790,6 +820,31 @@ mod tests {
         assert!(r.recall_by_probes.windows(2).all(|w| w[0] <= w[1] + 1e-12));
         assert!(r.dht_bytes_per_node_round > 0.0);
         assert_eq!(r.stale_entries, 0.0);
+    }
+
+    #[test]
+    fn churn_leaves_stale_entries_that_lookups_survive() {
+        let mut cfg = RoutingConfig::new(1500, 40);
+        cfg.churn = Some(ChurnConfig {
+            rate_per_hour: 3.0,
+            ..ChurnConfig::default()
+        });
+        cfg.warmup = 600 * SECOND;
+        let r = run(&cfg, &quiet).unwrap();
+        assert!(r.pool > r.nodes, "the pool covers offline identities");
+        assert!(
+            r.rejoins > 10 && r.refreshes > 1000,
+            "{} {}",
+            r.rejoins,
+            r.refreshes
+        );
+        assert!(
+            r.stale_entries > 0.0 && r.stale_entries < 0.2,
+            "{}",
+            r.stale_entries
+        );
+        assert!(r.success > 0.97, "success {}", r.success);
+        assert!(r.maintenance_bytes > 0);
     }
 
     #[test]
