@@ -23,6 +23,14 @@ use kindred_routing::TransportKind;
 use support::*;
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
+enum JoinMode {
+    /// Dial node 0, then a Kademlia bootstrap per node.
+    Bootstrap,
+    /// Give each node its 20 XOR-closest and 20 random peers (no join traffic).
+    Seeded,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
 enum Transport {
     Tcp,
     Memory,
@@ -47,6 +55,13 @@ struct Args {
     /// Byte transport.
     #[arg(long, value_enum, default_value_t = Transport::Tcp)]
     transport: Transport,
+    /// How routing tables are filled before the measured round.
+    #[arg(long, value_enum, default_value_t = JoinMode::Bootstrap)]
+    join: JoinMode,
+    /// Rounds to run; only the last is measured (earlier rounds let nodes learn which bands
+    /// are hot and shard them).
+    #[arg(long, default_value_t = 1)]
+    rounds: u64,
     /// Round lookups run at the same time (1 measures an uncontended lookup).
     #[arg(long, default_value_t = 1)]
     parallel: usize,
@@ -83,6 +98,13 @@ async fn main() -> anyhow::Result<()> {
             Transport::Tcp => TransportKind::Tcp,
             Transport::Memory => TransportKind::Memory,
         },
+        join: match args.join {
+            JoinMode::Bootstrap => Join::Bootstrap,
+            JoinMode::Seeded => Join::Seeded {
+                closest: 20,
+                random: 20,
+            },
+        },
         configure: {
             let (k, alpha, quorum, probes) =
                 (args.replication, args.alpha, args.quorum, args.probes);
@@ -109,12 +131,19 @@ async fn main() -> anyhow::Result<()> {
         args.nodes,
         t.elapsed().as_secs_f64()
     );
-    let t = Instant::now();
-    let failed = announce_all(&nodes).await;
-    println!(
-        "announced in {:.1}s ({failed} key publications failed)",
-        t.elapsed().as_secs_f64()
-    );
+    let mut nodes = nodes;
+    for round in 1..=args.rounds.max(1) {
+        if round > 1 {
+            warm_up(&nodes, 8).await;
+            next_round(&mut nodes, &spec, round);
+        }
+        let t = Instant::now();
+        let failed = announce_all(&nodes).await;
+        println!(
+            "round {round}: announced in {:.1}s ({failed} key publications failed)",
+            t.elapsed().as_secs_f64()
+        );
+    }
     let t = Instant::now();
     let f = measure(&nodes, args.parallel).await;
     println!(
@@ -124,10 +153,19 @@ async fn main() -> anyhow::Result<()> {
         args.parallel
     );
     let mut served = 0u64;
+    let mut rejects = std::collections::BTreeMap::new();
+    let mut failures = std::collections::BTreeMap::new();
     for n in &nodes {
         let m = n.handle.metrics().await.context("node stopped")?;
         served += m.body.responses_sent.bytes + m.headers.responses_sent.bytes;
+        for (k, v) in m.rejects {
+            *rejects.entry(k).or_insert(0u64) += v;
+        }
+        for (k, v) in m.request_failures {
+            *failures.entry(k).or_insert(0u64) += v;
+        }
     }
+    println!("rejects {rejects:?}; request failures {failures:?}");
     shutdown(nodes).await;
 
     let r = &f.requests_per_lookup;

@@ -71,7 +71,8 @@ pub struct CoreConfig {
     pub retain_windows: u64,
     /// Round lookup parameters.
     pub lookup: LookupConfig,
-    /// When hot keys are sharded.
+    /// When hot keys are sharded. The threshold must not exceed the Kademlia replication
+    /// factor, which caps the providers one response returns ([`crate::spawn`] clamps it).
     pub shards: ShardPolicy,
     /// Peer scoring and bans.
     pub scoring: ScoreConfig,

@@ -131,6 +131,15 @@ pub enum Output {
         /// The key.
         key: SemanticKey,
     },
+    /// Connect to `peer` now unless already connected: it was just found as a provider, and
+    /// Kademlia keeps a provider's addresses only while the query that found it runs, so a
+    /// request sent after the query ends could not be dialled.
+    Dial {
+        /// The provider.
+        peer: PeerId,
+        /// The key it provides (its record in the local store, if any, also has addresses).
+        key: SemanticKey,
+    },
     /// Enough DHT nodes answered for `key`: finish its provider lookup (Kademlia
     /// `query.finish()`); [`RoutingCore::handle_key_lookup_done`] is still expected.
     FinishProviderLookup {
@@ -414,10 +423,12 @@ impl RoutingCore {
                 key: *key,
             });
         }
-        self.announced
-            .entry(window)
-            .or_default()
-            .extend(keys.iter().copied());
+        let in_window = self.announced.entry(window).or_default();
+        for key in &keys {
+            if !in_window.contains(key) {
+                in_window.push(*key);
+            }
+        }
         self.announces.insert(
             id,
             AnnounceState {

@@ -11,9 +11,10 @@ use std::time::Instant;
 
 use futures::StreamExt;
 use kindred_proto::rpc::RequestId;
+use libp2p::kad::store::RecordStore;
 use libp2p::kad::{self, GetProvidersOk, QueryId, QueryResult, RecordKey};
 use libp2p::request_response::{self, InboundFailure, OutboundFailure, OutboundRequestId};
-use libp2p::swarm::dial_opts::DialOpts;
+use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
 use libp2p::swarm::{ConnectionId, SwarmEvent};
 use libp2p::{PeerId, Swarm, identify};
 use tokio::sync::{mpsc, oneshot};
@@ -22,7 +23,7 @@ use crate::behaviour::{Behaviour, BehaviourEvent, KAD_PROTOCOL};
 use crate::codec::CodecError;
 use crate::config::RoutingConfig;
 use crate::core::{AnnounceError, AnnounceId, AnnounceReport, Output, RequestFailure, RoutingCore};
-use crate::handle::{BootstrapError, Command, DialError, NodeInfo, RoutingEvent};
+use crate::handle::{BootstrapError, Command, DialError, NodeInfo, ReplayMark, RoutingEvent};
 use crate::keys::SemanticKey;
 use crate::lookup::{LookupError, LookupId, Partners};
 use crate::store::PacketStore;
@@ -186,6 +187,26 @@ impl Driver {
                 };
                 let _ = reply.send(info);
             }
+            Command::ReplayMarks { reply } => {
+                let marks = self
+                    .core
+                    .replay()
+                    .marks()
+                    .map(|(sender, model, round, packet)| ReplayMark {
+                        sender: *sender,
+                        model: *model,
+                        round,
+                        packet,
+                    })
+                    .collect();
+                let _ = reply.send(marks);
+            }
+            Command::RestoreReplayMarks { marks } => {
+                let replay = self.core.replay_mut();
+                for m in marks {
+                    replay.restore(m.sender, m.model, m.round, m.packet);
+                }
+            }
             Command::Shutdown { reply } => {
                 // Handled in `run`.
                 let _ = reply.send(());
@@ -231,6 +252,31 @@ impl Driver {
                         .entry(lookup)
                         .or_default()
                         .insert(key, id);
+                }
+                Output::Dial { peer, key } => {
+                    if !self.swarm.is_connected(&peer) {
+                        // Addresses from a provider record this node holds itself, plus (resolved
+                        // now, while the query still runs) those Kademlia learned for the query;
+                        // a dial already under way makes this one a no-op.
+                        let stored: Vec<_> = self
+                            .swarm
+                            .behaviour_mut()
+                            .kad
+                            .store_mut()
+                            .providers(&RecordKey::new(&key))
+                            .into_iter()
+                            .filter(|r| r.provider == peer)
+                            .flat_map(|r| r.addresses)
+                            .collect();
+                        let opts = DialOpts::peer_id(peer)
+                            .addresses(stored)
+                            .extend_addresses_through_behaviour()
+                            .condition(PeerCondition::DisconnectedAndNotDialing)
+                            .build();
+                        if let Err(e) = self.swarm.dial(opts) {
+                            tracing::trace!(%peer, error = %e, "provider dial not started");
+                        }
+                    }
                 }
                 Output::FinishProviderLookup { lookup, key } => {
                     let id = self

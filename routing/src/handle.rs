@@ -30,7 +30,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kindred_proto::VerifiedHeader;
+use kindred_proto::{ModelId, PacketId, VerifiedHeader};
 use libp2p::identity::Keypair;
 use libp2p::swarm::Config as SwarmConfig;
 use libp2p::{Multiaddr, PeerId, Swarm};
@@ -77,6 +77,20 @@ pub enum RoutingEvent {
         /// The peer.
         peer: PeerId,
     },
+}
+
+/// One replay high-water mark: the highest round accepted from `sender` for `model`, and the
+/// packet accepted for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplayMark {
+    /// The sender.
+    pub sender: PeerId,
+    /// The model.
+    pub model: ModelId,
+    /// The highest round accepted.
+    pub round: u64,
+    /// The packet accepted for that round.
+    pub packet: PacketId,
 }
 
 /// A snapshot of the driver's connectivity.
@@ -171,6 +185,12 @@ pub(crate) enum Command {
     },
     Info {
         reply: oneshot::Sender<NodeInfo>,
+    },
+    ReplayMarks {
+        reply: oneshot::Sender<Vec<ReplayMark>>,
+    },
+    RestoreReplayMarks {
+        marks: Vec<ReplayMark>,
     },
     Shutdown {
         reply: oneshot::Sender<()>,
@@ -277,6 +297,21 @@ impl RoutingHandle {
         self.ask(|reply| Command::Info { reply }).await
     }
 
+    /// The replay high-water marks, for the node to persist (sled) and restore after a restart
+    /// with [`RoutingHandle::restore_replay_marks`]; `None` when the driver has stopped.
+    pub async fn replay_marks(&self) -> Option<Vec<ReplayMark>> {
+        self.ask(|reply| Command::ReplayMarks { reply }).await
+    }
+
+    /// Restore persisted replay marks (call before the first lookup after a restart). A mark
+    /// never lowers one already held.
+    pub async fn restore_replay_marks(&self, marks: Vec<ReplayMark>) {
+        let _ = self
+            .commands
+            .send(Command::RestoreReplayMarks { marks })
+            .await;
+    }
+
     /// Stop the routing task and close its connections; resolves once it has stopped.
     pub async fn shutdown(&self) {
         let _ = self.ask(|reply| Command::Shutdown { reply }).await;
@@ -298,6 +333,17 @@ pub async fn spawn(
     use futures::StreamExt;
     use libp2p::swarm::SwarmEvent;
 
+    let mut config = config;
+    let k = config.kad.replication_factor.get();
+    if config.core.shards.threshold > k {
+        // Kademlia returns at most k providers per response: a larger count is unobservable.
+        tracing::warn!(
+            threshold = config.core.shards.threshold,
+            k,
+            "shard threshold above the replication factor; using k"
+        );
+        config.core.shards.threshold = k;
+    }
     let peer_id = keypair.public().to_peer_id();
     let transport = build_transport(
         &keypair,

@@ -274,10 +274,13 @@ pub struct ShardPolicy {
 }
 
 impl Default for ShardPolicy {
-    /// Split at 20 providers per shard (the Kademlia replication default), up to 16 shards.
+    /// Split at 5 providers per shard, up to 16 shards. libp2p-kad returns at most `k`
+    /// providers per response (`k = 5` in [`crate::KadConfig`]'s default), so a key whose
+    /// holders return `k` providers is saturated: anyone past the first `k` is invisible until
+    /// the key is split.
     fn default() -> Self {
         Self {
-            threshold: 20,
+            threshold: 5,
             max_shards: 16,
         }
     }

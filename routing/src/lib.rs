@@ -28,7 +28,8 @@
 //! Per round: seal the packet, put it in the store, `announce(header)`, then
 //! `find_partners(PartnerQuery::new(header, margins, spec))`. The result holds ranked verified
 //! candidate headers and the verified bodies of the top `m` above the cosine gate, ready for
-//! synthesis. Persist [`RoutingCore::replay`] marks if replay protection must survive restarts.
+//! synthesis. Persist [`RoutingHandle::replay_marks`] (and restore them with
+//! [`RoutingHandle::restore_replay_marks`]) if replay protection must survive restarts.
 #![deny(clippy::indexing_slicing)]
 
 pub mod behaviour;
@@ -53,7 +54,7 @@ pub use config::{
 };
 pub use core::{AnnounceError, AnnounceId, AnnounceReport, Output, RequestFailure, RoutingCore};
 pub use handle::{
-    BootstrapError, DialError, NodeInfo, RoutingEvent, RoutingHandle, SpawnError, spawn,
+    BootstrapError, DialError, NodeInfo, ReplayMark, RoutingEvent, RoutingHandle, SpawnError, spawn,
 };
 pub use keys::{KeyConfig, KeyContext, NetworkId, RoundWindow, SemanticKey};
 pub use lookup::{

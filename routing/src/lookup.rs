@@ -363,6 +363,7 @@ impl RoutingCore {
                     );
                     l.queue.push_back(peer);
                     l.stats.providers += 1;
+                    self.outputs.push_back(Output::Dial { peer, key });
                 }
                 None => {}
             }
@@ -560,6 +561,10 @@ impl RoutingCore {
     /// replays and incomparable sketches are not proof of malice).
     fn admit_header(&mut self, header: VerifiedHeader, bytes: Vec<u8>) -> Result<(), &'static str> {
         let h = header.header();
+        // Checked before the replay mark is taken, so an unusable header leaves no trace.
+        if !h.embedding.sketch.iter().any(|&x| x != 0) {
+            return Err("zero_sketch");
+        }
         let window = self.window_of(h.round);
         match self.replay.admit(h.sender, h.model, h.round, header.id()) {
             Ok(Admission::Duplicate) => Ok(()),

@@ -214,7 +214,20 @@ async fn a_peer_sending_invalid_data_is_banned() {
     let (honest, _honest_events, honest_packet, _) = nodes.remove(0);
     let victim_addr = victim.listen_addrs()[0].clone();
     honest.dial(victim_addr.clone()).await.unwrap();
-    victim.bootstrap().await.unwrap();
+    // The victim adds the honest peer to its routing table once identify has run on the new
+    // connection, which can lag the dial: retry the bootstrap (bounded) until it has a peer.
+    let mut attempts = 0;
+    loop {
+        match victim.bootstrap().await {
+            Ok(()) => break,
+            Err(e) if attempts < 100 => {
+                attempts += 1;
+                tracing::debug!("bootstrap not ready yet: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("victim never learned the honest peer: {e}"),
+        }
+    }
     honest.announce(honest_packet.header.clone()).await.unwrap();
 
     // The attacker provides the victim's own band keys, so the victim is sure to ask it.
@@ -282,6 +295,16 @@ async fn a_peer_sending_invalid_data_is_banned() {
     let query = PartnerQuery::new(own.header.clone(), margins.clone(), model.clone());
     let partners = victim.find_partners(query).await.unwrap();
     assert_eq!(partners.packets.len(), 1);
+
+    // The honest partner's round is remembered (for the node to persist) and restorable.
+    let marks = victim.replay_marks().await.unwrap();
+    assert!(
+        marks.iter().any(|m| m.sender == honest.peer_id()
+            && m.round == 4
+            && m.packet == honest_packet.id())
+    );
+    victim.restore_replay_marks(marks.clone()).await;
+    assert_eq!(victim.replay_marks().await.unwrap().len(), marks.len());
 
     stop_tx.send(()).await.unwrap();
     let served = evil.await.unwrap();

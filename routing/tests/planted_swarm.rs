@@ -19,6 +19,7 @@ async fn sixty_four_nodes_find_their_cluster() {
         noise: 0.25,
         seed: 7,
         kind: TransportKind::Memory,
+        join: Join::Bootstrap,
         configure: Box::new(|_| {}),
     };
     let run = async {

@@ -173,6 +173,17 @@ pub fn node_config(kind: TransportKind) -> RoutingConfig {
     config
 }
 
+/// How nodes fill their routing tables before the measured round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Join {
+    /// The real join path: dial node 0, then a Kademlia bootstrap (16 nodes at a time).
+    Bootstrap,
+    /// A converged table without the join traffic: each node is given the addresses of its
+    /// `closest` XOR-nearest peers and `random` others, as Kademlia tables look after a while.
+    /// For swarms too large to bootstrap in one process on a small machine.
+    Seeded { closest: usize, random: usize },
+}
+
 /// Parameters of a planted-cluster swarm.
 pub struct SwarmSpec {
     pub nodes: usize,
@@ -180,6 +191,8 @@ pub struct SwarmSpec {
     pub noise: f32,
     pub seed: u64,
     pub kind: TransportKind,
+    /// How routing tables are filled.
+    pub join: Join,
     /// Applied to every node's configuration.
     pub configure: Box<dyn Fn(&mut RoutingConfig)>,
 }
@@ -210,34 +223,84 @@ pub async fn start_swarm(spec: &SwarmSpec) -> Vec<TestNode> {
             cluster,
         });
     }
-    let boot: (PeerId, Multiaddr) = (
-        nodes[0].handle.peer_id(),
-        nodes[0].handle.listen_addrs()[0].clone(),
-    );
-    for node in &nodes[1..] {
-        node.handle.dial(boot.1.clone()).await.unwrap();
-        node.handle.add_peer(boot.0, boot.1.clone()).await;
-    }
-    // Node 0 knows everyone by now, so one bootstrap round fills every routing table. Nodes
-    // join a few at a time, as they would in a real network; a bootstrap that times out still
-    // filled the table with what it found.
-    for chunk in nodes[1..].chunks(16) {
-        let runs = chunk.iter().map(|n| n.handle.bootstrap());
-        for r in futures::future::join_all(runs).await {
-            if let Err(e) = r {
-                tracing::warn!("bootstrap: {e}");
+    match spec.join {
+        Join::Bootstrap => {
+            let boot: (PeerId, Multiaddr) = (
+                nodes[0].handle.peer_id(),
+                nodes[0].handle.listen_addrs()[0].clone(),
+            );
+            for node in &nodes[1..] {
+                node.handle.dial(boot.1.clone()).await.unwrap();
+                node.handle.add_peer(boot.0, boot.1.clone()).await;
+            }
+            // Node 0 knows everyone by now, so one bootstrap round fills every routing table.
+            // Nodes join a few at a time, as they would in a real network; a bootstrap that
+            // times out still filled the table with what it found.
+            for chunk in nodes[1..].chunks(16) {
+                let runs = chunk.iter().map(|n| n.handle.bootstrap());
+                for r in futures::future::join_all(runs).await {
+                    if let Err(e) = r {
+                        tracing::warn!("bootstrap: {e}");
+                    }
+                }
+            }
+        }
+        Join::Seeded { closest, random } => {
+            use libp2p::kad::KBucketKey;
+            let keys: Vec<KBucketKey<PeerId>> = nodes
+                .iter()
+                .map(|n| KBucketKey::from(n.handle.peer_id()))
+                .collect();
+            for (i, node) in nodes.iter().enumerate() {
+                let mut by_distance: Vec<usize> = (0..nodes.len()).filter(|&j| j != i).collect();
+                by_distance.sort_by_key(|&j| keys[i].distance(&keys[j]));
+                let mut chosen: Vec<usize> = by_distance.iter().take(closest).copied().collect();
+                let rest = &by_distance[closest.min(by_distance.len())..];
+                for _ in 0..random.min(rest.len()) {
+                    chosen.push(rest[rng.random_range(0..rest.len())]);
+                }
+                for j in chosen {
+                    let peer = &nodes[j].handle;
+                    node.handle
+                        .add_peer(peer.peer_id(), peer.listen_addrs()[0].clone())
+                        .await;
+                }
             }
         }
     }
     nodes
 }
 
-/// Every node announces its packet, 32 nodes at a time (independent machines would not all
+/// Give every node a new update for `round`: a fresh sample around its cluster direction
+/// (the same directions and projection as [`start_swarm`]), sealed and stored.
+pub fn next_round(nodes: &mut [TestNode], spec: &SwarmSpec, round: u64) {
+    let mut rng = ChaCha8Rng::seed_from_u64(spec.seed);
+    let planted = Planted::new(&mut rng, spec.clusters);
+    let mut rng = ChaCha8Rng::seed_from_u64(spec.seed ^ round.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    for (i, node) in nodes.iter_mut().enumerate() {
+        let (embedding, margins) = planted.sample(&mut rng, node.cluster, spec.noise);
+        let key = identity(spec.seed.wrapping_mul(1_000_003).wrapping_add(i as u64));
+        node.packet = packet(&key, round, embedding, i as f32);
+        node.margins = margins;
+        node.store.insert(&node.packet);
+    }
+}
+
+/// Every node runs its round lookup, unmeasured (`parallel` at a time): a round that lets
+/// nodes learn which bands are hot before a measured one.
+pub async fn warm_up(nodes: &[TestNode], parallel: usize) {
+    let spec = Arc::new(spec());
+    for chunk in (0..nodes.len()).collect::<Vec<_>>().chunks(parallel.max(1)) {
+        futures::future::join_all(chunk.iter().map(|&i| lookup(nodes, i, &spec))).await;
+    }
+}
+
+/// Every node announces its packet, 8 nodes at a time (independent machines would not all
 /// write to the DHT in the same instant, and in one process they share two cores); returns how
 /// many keys failed to publish.
 pub async fn announce_all(nodes: &[TestNode]) -> usize {
     let mut failed = 0;
-    for chunk in nodes.chunks(32) {
+    for chunk in nodes.chunks(8) {
         let runs = chunk
             .iter()
             .map(|n| n.handle.announce(n.packet.header.clone()));
@@ -314,6 +377,20 @@ pub async fn measure(nodes: &[TestNode], parallel: usize) -> Figures {
             .filter_map(|c| peer_index.get(&c.header.header().sender).copied())
             .collect();
         let hits = truth[i].iter().filter(|t| found.contains(t)).count();
+        let all: Vec<usize> = partners
+            .candidates
+            .iter()
+            .filter_map(|c| peer_index.get(&c.header.header().sender).copied())
+            .collect();
+        let anywhere = truth[i].iter().filter(|t| all.contains(t)).count();
+        tracing::debug!(
+            node = i,
+            hits,
+            anywhere,
+            candidates = all.len(),
+            providers = partners.stats.providers,
+            "recall detail"
+        );
         recall_sum += hits as f64 / truth[i].len().max(1) as f64;
         for p in &partners.packets {
             bodies += 1;

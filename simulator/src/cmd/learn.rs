@@ -55,12 +55,13 @@ pub(crate) struct LearnArgs {
     /// Learning rate.
     #[arg(long, default_value_t = 0.1)]
     pub(crate) lr: f64,
-    /// Bodies fetched per node (semantic top-m); also the gossip fan-out.
-    #[arg(long, default_value_t = 5)]
-    pub(crate) top_m: usize,
-    /// Multi-probe keys per round lookup.
-    #[arg(long, default_value_t = 8)]
-    pub(crate) probes: usize,
+    /// Bodies fetched per node (semantic top-m); also the gossip fan-out (default:
+    /// kindred-routing's).
+    #[arg(long)]
+    pub(crate) top_m: Option<usize>,
+    /// Multi-probe keys per round lookup (default: kindred-routing's).
+    #[arg(long)]
+    pub(crate) probes: Option<usize>,
     /// Honest nodes tracked every round (all are evaluated at the end).
     #[arg(long, default_value_t = 64)]
     pub(crate) eval_nodes: usize,
@@ -90,8 +91,12 @@ impl LearnArgs {
             batch: self.batch,
             lr: self.lr,
         };
-        c.top_m = self.top_m;
-        c.probes = self.probes;
+        if let Some(m) = self.top_m {
+            c.top_m = m;
+        }
+        if let Some(p) = self.probes {
+            c.probes = p;
+        }
         c.eval_nodes = self.eval_nodes;
         c.eval_examples = self.eval_examples;
         c.policies = self
@@ -99,7 +104,7 @@ impl LearnArgs {
             .iter()
             .map(|p| match p.as_str() {
                 "kindred" => Ok(PolicySpec::kindred()),
-                "gossip" => Ok(PolicySpec::gossip(self.top_m)),
+                "gossip" => Ok(PolicySpec::gossip(c.top_m)),
                 "allreduce" => Ok(PolicySpec::allreduce()),
                 "local" => Ok(PolicySpec::local()),
                 "oracle" => Ok(PolicySpec::oracle()),

@@ -89,10 +89,10 @@ pub(crate) struct RoutingArgs {
     /// Scale of per-node noise.
     #[arg(long, default_value_t = 0.1)]
     pub(crate) noise: f32,
-    /// Lookup parallelism α.
-    #[arg(long, default_value_t = 3)]
-    pub(crate) alpha: usize,
-    /// Replication factor (kindred-routing's default 8).
+    /// Lookup parallelism α (default: kindred-routing's).
+    #[arg(long)]
+    pub(crate) alpha: Option<usize>,
+    /// Replication factor k (default: kindred-routing's).
     #[arg(long)]
     pub(crate) replication: Option<usize>,
     /// k-bucket size.
@@ -131,7 +131,9 @@ impl RoutingArgs {
         c.workload.latent_dim = self.latent_dim;
         c.workload.spread = self.spread;
         c.workload.noise = self.noise;
-        c.kad.alpha = self.alpha;
+        if let Some(a) = self.alpha {
+            c.kad.alpha = a;
+        }
         if let Some(r) = self.replication {
             c.kad.replication = r;
         }

@@ -27,10 +27,10 @@ use super::traffic::{MessageSizes, Phase, Traffic};
 pub struct KadParams {
     /// k-bucket size. Default 20 (libp2p's `K_VALUE`).
     pub bucket_size: usize,
-    /// Replication factor: peers per response, closest peers a lookup must reach, holders per
-    /// provider record. Default 8 (`kindred_routing::KadConfig`).
+    /// Replication factor: closer peers per answer, providers per answer, closest peers a
+    /// lookup must reach, holders per provider record (`kindred_routing::KadConfig`'s).
     pub replication: usize,
-    /// Lookup parallelism `α`. Default 3.
+    /// Lookup parallelism `α` (`kindred_routing::KadConfig`'s).
     pub alpha: usize,
     /// Per-peer timeout of the iterator. Default 10 s (libp2p).
     pub peer_timeout: Micros,
@@ -261,7 +261,9 @@ pub fn run(net: &Net<'_>, job: &Job) -> Outcome {
                         y,
                         job.target,
                         ev.arrive,
+                        q,
                         p.max_providers_per_key,
+                        p.replication,
                         &mut provs,
                     );
                 }

@@ -142,7 +142,7 @@ impl Overlay {
             if self.sharding { &announced } else { &[] },
             self.keys,
             self.shards,
-            self.kad.max_providers_per_key,
+            self.kad.replication,
         );
         let traffic = Traffic::new(n);
         let mut records = Records::new();

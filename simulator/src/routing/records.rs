@@ -1,10 +1,10 @@
 //! Provider records: who announced which key, and which nodes hold the announcement.
 //!
 //! An announcement is stored at the (up to `k`) closest nodes its publisher's lookup found. A
-//! holder answers `GET_PROVIDERS` with the providers it holds for the key, in arrival order and
-//! capped at `max_providers_per_key` (libp2p's `MemoryStore` ignores providers past the cap), and
-//! only for announcements it received in its current session: a restarted node has lost its
-//! in-memory store.
+//! holder keeps the first `max_providers_per_key` providers of a key (libp2p's `MemoryStore`
+//! ignores later ones) and answers `GET_PROVIDERS` with the first `k` of them in arrival order,
+//! skipping the requester (libp2p-kad takes the replication factor), and only for announcements
+//! it received in its current session: a restarted node has lost its in-memory store.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -133,28 +133,37 @@ impl Records {
             .unwrap_or(&[])
     }
 
-    /// The providers `holder` returns for `point` at time `now`: announcements it received in its
-    /// current session, first `cap` by arrival. Appended to `out`.
+    /// The providers `holder` returns for `point` at time `now` to `requester`, appended to
+    /// `out`, as libp2p-kad answers: its store holds the first `store_cap` announcements it
+    /// received in its current session (later ones are ignored), and an answer lists them in
+    /// that order, skipping the requester, at most `answer_cap` of them (libp2p takes the
+    /// replication factor).
+    #[allow(clippy::too_many_arguments)]
     pub fn providers_at(
         &self,
         timelines: &Timelines,
         holder: u32,
         point: u64,
         now: Micros,
-        cap: usize,
+        requester: u32,
+        store_cap: usize,
+        answer_cap: usize,
         out: &mut Vec<u32>,
     ) {
-        let mut n = 0;
+        let (mut stored, mut answered) = (0, 0);
         for ann in self.range(point) {
-            if n >= cap {
+            if stored >= store_cap || answered >= answer_cap {
                 break;
             }
             if ann.stored <= now
                 && self.holders_of(ann).contains(&holder)
                 && timelines.up_throughout(holder, ann.stored, now)
             {
-                out.push(ann.provider);
-                n += 1;
+                stored += 1;
+                if ann.provider != requester {
+                    out.push(ann.provider);
+                    answered += 1;
+                }
             }
         }
     }
@@ -189,13 +198,23 @@ mod tests {
         }]);
         let t = Timelines::always_on(100);
         let mut out = Vec::new();
-        r.providers_at(&t, 1, 42, 1000, 3, &mut out);
+        r.providers_at(&t, 1, 42, 1000, 50, 64, 3, &mut out);
         assert_eq!(out, [9, 8, 7], "earliest arrivals first");
         out.clear();
-        r.providers_at(&t, 3, 42, 1000, 64, &mut out);
+        r.providers_at(&t, 1, 42, 1000, 8, 64, 3, &mut out);
+        assert_eq!(
+            out,
+            [9, 7, 6],
+            "the requester is skipped before the answer is capped"
+        );
+        out.clear();
+        r.providers_at(&t, 1, 42, 1000, 50, 2, 5, &mut out);
+        assert_eq!(out, [9, 8], "the store keeps the first arrivals only");
+        out.clear();
+        r.providers_at(&t, 3, 42, 1000, 50, 64, 64, &mut out);
         assert!(out.is_empty(), "not a holder");
         out.clear();
-        r.providers_at(&t, 1, 42, 95, 64, &mut out);
+        r.providers_at(&t, 1, 42, 95, 50, 64, 64, &mut out);
         assert_eq!(out, [9, 8, 7, 6, 5], "not yet stored");
         assert_eq!(r.announcers(43).collect::<Vec<_>>(), [99]);
         assert_eq!(r.len(), 11);

@@ -332,7 +332,7 @@ pub fn run(cfg: &RoutingConfig, progress: ProgressFn<'_>) -> Result<RoutingRepor
         &publishers,
         cfg.keys,
         cfg.shards,
-        cfg.kad.max_providers_per_key,
+        cfg.kad.replication,
     );
     progress("setup", 3, 4);
     let ctx = KeyContext::new(

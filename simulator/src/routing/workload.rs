@@ -198,7 +198,8 @@ impl Signatures {
 /// In the real system a node learns a band's shard count from the providers its lookups saw in
 /// earlier windows ([`next_shard_count`], applied window after window). With a stable workload
 /// that process settles at the fixed point computed here from the true number of announcers of
-/// each `(band, value)`, given that each shard holder returns at most `cap` providers.
+/// each `(band, value)`, given that a lookup of one shard sees at most `cap` of them (libp2p-kad
+/// answers with at most `k` providers, and holders list them in the same order).
 #[derive(Debug, Clone)]
 pub struct Shards {
     /// Sorted `((band, value), shards)` for bands with more than one shard.
@@ -304,10 +305,22 @@ mod tests {
 
     #[test]
     fn shard_fixed_point() {
-        let p = ShardPolicy::default();
+        let p = ShardPolicy {
+            threshold: 20,
+            max_shards: 16,
+        };
         assert_eq!(fixed_point(5, p, 64), 1);
         assert_eq!(fixed_point(30, p, 64), 2);
         assert_eq!(fixed_point(300, p, 64), 16);
         assert_eq!(fixed_point(100_000, p, 64), 16);
+        // A lookup that sees at most `threshold` providers per shard splits as long as every
+        // shard is saturated.
+        let p = ShardPolicy {
+            threshold: 5,
+            max_shards: 16,
+        };
+        assert_eq!(fixed_point(4, p, 5), 1);
+        assert_eq!(fixed_point(12, p, 5), 4);
+        assert_eq!(fixed_point(1000, p, 5), 16);
     }
 }
