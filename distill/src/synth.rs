@@ -8,8 +8,9 @@
 //!    peers (the node's own update counts, so one scaled peer can never move the reference). A
 //!    peer above `reject_norm_ratio ×` the reference is *rejected* (a ×100 scaled update is);
 //!    one above `clip_norm_ratio ×` is scaled down to that norm.
-//! 3. **Cosine gate**: the exact cosine between the peer's and the node's own update must reach
-//!    `min_cosine`; a sign-flipped or unrelated update is rejected.
+//! 3. **Cosine gate**: the exact cosine between the peer's update and the node's own update,
+//!    taken over the coordinates the peer sent (all of them for a dense peer, its top-k for a
+//!    sparse one), must reach `min_cosine`; a sign-flipped or unrelated update is rejected.
 //! 4. **Merge** of the own update and the accepted peers: a weighted mean with weight
 //!    `samples × cosine^similarity_power` (the own update has cosine 1), or a coordinate-wise
 //!    trimmed mean that discards the extremes of every coordinate.
@@ -53,7 +54,11 @@ pub struct SynthConfig {
     pub clip_norm_ratio: f32,
     /// Peers with a norm above this multiple of the reference norm are rejected. Default 10.
     pub reject_norm_ratio: f32,
-    /// Exponent of the cosine in the weights. Default 1.
+    /// Exponent of the cosine in the weights. Default 0: every accepted peer weighs by its
+    /// samples alone. The gate already removed the peers that disagree; weighting the rest by a
+    /// sparse peer's support cosine (typically 0.2-0.5 for an honest same-task peer) shrinks
+    /// every partner toward nothing and the merge toward local training (measured with
+    /// `kindred-sim experiment`: 1 point lower on label-permutation clusters than with 0).
     pub similarity_power: f32,
     /// The merge rule. Default [`MergeRule::WeightedMean`].
     pub rule: MergeRule,
@@ -65,7 +70,7 @@ impl Default for SynthConfig {
             min_cosine: 0.0,
             clip_norm_ratio: 2.0,
             reject_norm_ratio: 10.0,
-            similarity_power: 1.0,
+            similarity_power: 0.0,
             rule: MergeRule::WeightedMean,
         }
     }
@@ -177,11 +182,20 @@ fn norm(v: &[f32]) -> f64 {
         .sqrt()
 }
 
-fn dot(a: &[f32], b: &[f32]) -> f64 {
-    a.iter()
-        .zip(b)
-        .map(|(&x, &y)| f64::from(x) * f64::from(y))
-        .sum()
+/// Cosine between `peer` and `own` restricted to the coordinates the peer sent (its non-zero
+/// entries), with `peer_norm = ‖peer‖`. For a dense peer this is the plain cosine; for a top-k
+/// or sign-sparse one it asks "does the own update agree where the peer spoke?", which the plain
+/// cosine cannot: a 1% top-k update has a cosine of ~0.1 with any dense update, agreeing or not.
+/// `None` when the own update is zero on the peer's support.
+fn support_cosine(own: &[f32], peer: &[f32], peer_norm: f64) -> Option<f64> {
+    let (mut dot, mut own_sq) = (0f64, 0f64);
+    for (&x, &y) in own.iter().zip(peer) {
+        if y != 0.0 {
+            dot += f64::from(x) * f64::from(y);
+            own_sq += f64::from(x) * f64::from(x);
+        }
+    }
+    (own_sq > 0.0 && peer_norm > 0.0).then(|| dot / (own_sq.sqrt() * peer_norm))
 }
 
 /// Merge the node's `own` update with `peers` under `config`.
@@ -284,7 +298,8 @@ pub fn synthesize(
             continue;
         }
         let cosine = if own_norm > 0.0 {
-            (dot(own, p.update) / (own_norm * n)) as f32
+            // Zero own update on the peer's support: no evidence of agreement.
+            support_cosine(own, p.update, n).unwrap_or(0.0) as f32
         } else {
             // Nothing to compare with: trust the norm check alone.
             1.0

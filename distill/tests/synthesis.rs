@@ -221,3 +221,55 @@ fn trimmed_mean_drops_coordinate_outliers() {
         out.merged
     );
 }
+
+/// A top-k peer is judged where it spoke: agreeing there, it passes the gate with a high cosine
+/// (its plain cosine with the dense own update is only about √density); contradicting there,
+/// it is rejected.
+#[test]
+fn sparse_peers_are_compared_on_their_support() {
+    let n = 10_000;
+    let own = common::update(n, 3);
+    let peer = honest(n, &own, 30);
+    // Keep the 1% largest entries, as a top-k packet would.
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by(|&a, &b| peer[b].abs().total_cmp(&peer[a].abs()));
+    let mut sparse = vec![0.0f32; n];
+    for &i in order.iter().take(n / 100) {
+        sparse[i] = peer[i];
+    }
+    let against: Vec<f32> = sparse.iter().map(|x| -x).collect();
+    let config = SynthConfig {
+        min_cosine: 0.3,
+        ..SynthConfig::default()
+    };
+    let out = synthesize(
+        UpdateRef {
+            update: &own,
+            samples: 10,
+        },
+        &[
+            UpdateRef {
+                update: &sparse,
+                samples: 10,
+            },
+            UpdateRef {
+                update: &against,
+                samples: 10,
+            },
+        ],
+        &config,
+    )
+    .unwrap();
+    match out.verdicts[0] {
+        Verdict::Accepted { cosine, weight, .. } => {
+            assert!(cosine > 0.5, "support cosine {cosine}");
+            // Default weights are by samples alone: own and peer count equally.
+            assert!((weight - 0.5).abs() < 1e-6, "{weight}");
+        }
+        ref v => panic!("honest sparse peer rejected: {v:?}"),
+    }
+    assert!(matches!(
+        out.verdicts[1],
+        Verdict::Rejected(Rejection::CosineBelowGate { .. })
+    ));
+}

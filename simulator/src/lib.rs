@@ -21,6 +21,7 @@
 
 pub mod calibrate;
 pub mod csv;
+pub mod experiment;
 pub mod learn;
 pub mod mem;
 pub mod plot;

@@ -29,6 +29,10 @@ enum Command {
     /// Calibration: a real swarm of kindred-routing nodes (N = 64 and 256 by default) in one
     /// process and the model at the same N, on the same workload: requests per lookup, success.
     Calibrate(cmd::calibrate::CalibrateArgs),
+    /// Results on real MNIST: the selective-compression evaluation table (all-reduce, top-k,
+    /// sign, selective, gossip) plus Kindred and the oracle, under IID, rotation and
+    /// label-permutation clusters, several seeds, a poisoning run and cluster purity.
+    Experiment(cmd::experiment::ExperimentArgs),
 }
 
 /// candle asks for its thread count on every tensor operation, and unless `RAYON_NUM_THREADS`
@@ -50,7 +54,7 @@ fn rerun_with_rayon_threads() -> anyhow::Result<Option<i32>> {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    if matches!(cli.command, Command::Learn(_)) {
+    if matches!(cli.command, Command::Learn(_) | Command::Experiment(_)) {
         if let Some(code) = rerun_with_rayon_threads()? {
             std::process::exit(code);
         }
@@ -66,5 +70,6 @@ fn main() -> anyhow::Result<()> {
         Command::Routing(args) => cmd::routing::run(&args),
         Command::Learn(args) => cmd::learn::run(&args),
         Command::Calibrate(args) => cmd::calibrate::run(&args),
+        Command::Experiment(args) => cmd::experiment::run(&args),
     }
 }

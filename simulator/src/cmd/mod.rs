@@ -2,6 +2,7 @@
 
 pub(crate) mod calibrate;
 pub(crate) mod common;
+pub(crate) mod experiment;
 pub(crate) mod learn;
 pub(crate) mod render;
 pub(crate) mod routing;

@@ -365,6 +365,7 @@ fn write_outputs(dir: &Path, groups: &[Group]) -> anyhow::Result<()> {
         "timed_out",
         "recall_k",
         "recall",
+        "recall_uncapped",
         "neighbour_cosine",
         "found_same_task",
         "announce_rpcs_mean",

@@ -149,6 +149,78 @@ impl PolicySpec {
         }
     }
 
+    /// Dense updates cut to the top 2% per layer, int8 values, averaged by all-reduce (with error
+    /// feedback): the "8-bit top-k (k = 0.02) + ring" row of the evaluation table.
+    pub fn topk8_allreduce() -> Self {
+        Self {
+            name: "topk8+allreduce".into(),
+            partners: Partners::AllReduce,
+            compression: Compression::Distill(Policy {
+                dense_max_elems: 0,
+                tau_low: -1.0,
+                tau_high: f32::MAX,
+                warmup: Vec::new(),
+                density: 0.02,
+                ..Policy::default()
+            }),
+            merge: Merge::Mean,
+        }
+    }
+
+    /// Every multi-dimensional layer sent as 1-bit signs (with error feedback), averaged by
+    /// all-reduce: the "SignSGD + ring" row. 1-D layers (biases) stay dense f16.
+    pub fn sign_allreduce() -> Self {
+        Self {
+            name: "sign+allreduce".into(),
+            partners: Partners::AllReduce,
+            compression: Compression::Distill(Policy {
+                dense_max_elems: 0,
+                tau_low: f32::MAX,
+                tau_high: f32::MAX,
+                warmup: Vec::new(),
+                ..Policy::default()
+            }),
+            merge: Merge::Mean,
+        }
+    }
+
+    /// Kindred's selective (hybrid, per-layer) policy averaged by all-reduce.
+    pub fn selective_allreduce() -> Self {
+        Self {
+            name: "selective+allreduce".into(),
+            partners: Partners::AllReduce,
+            compression: Compression::Distill(Policy::default()),
+            merge: Merge::Mean,
+        }
+    }
+
+    /// The rows of the selective-compression evaluation table plus Kindred and the oracle, the
+    /// baseline (`allreduce`) first: what `kindred-sim experiment` compares.
+    pub fn evaluation_table() -> Vec<Self> {
+        vec![
+            Self::allreduce(),
+            Self::topk8_allreduce(),
+            Self::sign_allreduce(),
+            Self::selective_allreduce(),
+            Self {
+                name: "selective+gossip4".into(),
+                ..Self::gossip(4)
+            },
+            Self::kindred(),
+            Self::oracle(),
+        ]
+    }
+
+    /// Kindred without the robust merge (a plain sample-weighted mean of the partners it found):
+    /// what the robust merge is measured against under poisoning.
+    pub fn kindred_plain_merge() -> Self {
+        Self {
+            name: "kindred-plain-merge".into(),
+            merge: Merge::Mean,
+            ..Self::kindred()
+        }
+    }
+
     /// The five policies of issue 7, gossip with `fanout` (Kindred's top-m).
     pub fn standard(fanout: usize) -> Vec<Self> {
         vec![
@@ -232,7 +304,12 @@ impl LearnConfig {
             top_m: lookup.top_m,
             min_cosine: lookup.min_cosine,
             probes: lookup.probes,
-            embedding: EmbeddingConfig::default(),
+            // As the node: the cumulative update already separates tasks; centring it by
+            // peer updates would remove exactly that signal.
+            embedding: EmbeddingConfig {
+                center: false,
+                ..EmbeddingConfig::default()
+            },
             eval_fraction: 0.2,
             eval_examples: 500,
             eval_nodes: 64,

@@ -167,6 +167,9 @@ struct Data {
 /// One policy's nodes.
 struct State {
     spec: PolicySpec,
+    /// The common initial model: `params[i] − origin` is node `i`'s cumulative update, whose
+    /// embedding routing keys on (as the node does).
+    origin: Vec<f32>,
     params: Vec<Vec<f32>>,
     distillers: Vec<Distiller>,
     report: PolicyReport,
@@ -313,6 +316,7 @@ pub fn run(cfg: &LearnConfig, progress: ProgressFn<'_>) -> Result<LearnReport, L
             };
             Ok(State {
                 spec: p.clone(),
+                origin: init_params.clone(),
                 params: vec![init_params.clone(); cfg.nodes],
                 distillers,
                 report: PolicyReport {
@@ -469,15 +473,27 @@ fn step(
     let losses: Vec<f32> = trained.iter().map(|t| t.1).collect();
     let own: Vec<Vec<f32>> = trained.into_iter().map(|t| t.0).collect();
 
-    // 2. Pack.
+    // 2. Pack. Like the node, key on the cumulative update (this round's included): one
+    // round's update is mostly minibatch noise once training converges.
     let need_embedding = state.spec.partners == Partners::Semantic;
+    let (params, origin) = (&state.params, &state.origin);
+    let cumulative = |i: usize, delta: &[f32]| -> Vec<f32> {
+        params.get(i).map_or_else(Vec::new, |p| {
+            p.iter()
+                .zip(origin)
+                .zip(delta)
+                .map(|((x, o), d)| x - o + d)
+                .collect()
+        })
+    };
     let dense_bytes = 4 * layout.len();
     let packed: Vec<Packed> = match &state.spec.compression {
         Compression::Full => own
             .par_iter()
-            .map(|delta| -> Result<Packed, LearnError> {
+            .enumerate()
+            .map(|(i, delta)| -> Result<Packed, LearnError> {
                 let (embedding, margins) = if need_embedding {
-                    let e = embedder.embed(layout, delta, None)?;
+                    let e = embedder.embed(layout, &cumulative(i, delta), None)?;
                     (e.embedding, e.margins)
                 } else {
                     (Embedding::default(), [0.0; SIMHASH_BITS])
@@ -498,6 +514,7 @@ fn step(
             .enumerate()
             .map(|(i, (d, delta))| -> Result<Packed, LearnError> {
                 let out = d.distill(delta)?;
+                let keyed = d.embed(&cumulative(i, delta))?;
                 let key = keys
                     .get(i)
                     .ok_or_else(|| LearnError::Config("no key".into()))?;
@@ -509,14 +526,14 @@ fn step(
                         unix_ms: 0,
                         samples: samples.get(i).copied().unwrap_or(1),
                         loss: losses.get(i).copied().unwrap_or(0.0),
-                        embedding: out.embedding.clone(),
+                        embedding: keyed.embedding.clone(),
                     },
                     &out.body,
                 )?;
                 Ok(Packed {
                     sent: Some(decode(&out.body, spec)?),
-                    embedding: out.embedding,
-                    margins: out.margins,
+                    embedding: keyed.embedding,
+                    margins: keyed.margins,
                     header_bytes: sealed.header_bytes.len(),
                     body_bytes: sealed.body_bytes.len(),
                 })
