@@ -111,6 +111,12 @@ pub async fn run(
     )
     .await?;
     tracing::info!(%peer_id, listen = ?routing.listen_addrs(), "node started");
+    // Replay protection survives restarts: a packet superseded before the crash stays refused.
+    let marks = store.replay_marks()?;
+    if !marks.is_empty() {
+        tracing::info!(marks = marks.len(), "replay marks restored");
+        routing.restore_replay_marks(marks).await;
+    }
 
     // Log routing events (peers, bans) as they come; the channel is bounded by routing.
     tokio::spawn(async move {
@@ -307,6 +313,10 @@ async fn run_round(
     let report = tokio::task::block_in_place(|| engine.merge(&out, &peers))?;
     let accuracy = tokio::task::block_in_place(|| engine.accuracy())?;
     let merged_st = crate::api::update_to_safetensors(&report.merged, engine.spec()).ok();
+    // Replay marks first: the round commit below flushes them with it.
+    if let Some(marks) = routing.replay_marks().await {
+        engine.store().put_replay_marks(&marks)?;
+    }
     tokio::task::block_in_place(|| engine.checkpoint(round, report.merged.clone()))?;
 
     let m = &shared.metrics;

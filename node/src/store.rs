@@ -19,7 +19,9 @@ use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use kindred_proto::PacketId;
+use kindred_proto::{ModelId, PacketId};
+use kindred_routing::ReplayMark;
+use libp2p::PeerId;
 use libp2p_identity::ed25519;
 use rand::RngCore;
 
@@ -29,6 +31,12 @@ const BODIES: &str = "bodies";
 
 const KEY_IDENTITY: &[u8] = b"identity";
 const KEY_ROUND: &[u8] = b"round";
+const KEY_REPLAY: &[u8] = b"replay_marks";
+
+/// Most replay marks persisted (one per sender and model); a larger record is corrupt.
+pub const MAX_REPLAY_MARKS: usize = 1 << 16;
+/// Longest encoded `PeerId` accepted in a replay record (an ed25519 one is 38 bytes).
+const MAX_PEER_ID_LEN: usize = 64;
 
 /// blake3 of a blob's bytes: its name on disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -279,6 +287,46 @@ impl Store {
         self.flush()
     }
 
+    /// Persist the routing replay marks (the highest round accepted per sender and model), so
+    /// a restarted node still refuses packets it had already seen superseded. Written with the
+    /// round record's durability: call before [`Store::commit_round`], which flushes.
+    ///
+    /// # Errors
+    /// A database error.
+    pub fn put_replay_marks(&self, marks: &[ReplayMark]) -> Result<(), StoreError> {
+        let mut out = Vec::with_capacity(4 + marks.len() * (1 + 38 + 32 + 8 + 32));
+        let kept = marks.len().min(MAX_REPLAY_MARKS);
+        out.extend_from_slice(&(kept as u32).to_le_bytes());
+        for m in marks.iter().take(kept) {
+            let peer = m.sender.to_bytes();
+            // Longer ids never come out of libp2p-identity; skipping keeps the record decodable.
+            let Ok(len) = u8::try_from(peer.len()) else {
+                continue;
+            };
+            out.push(len);
+            out.extend_from_slice(&peer);
+            out.extend_from_slice(&m.model.0);
+            out.extend_from_slice(&m.round.to_le_bytes());
+            out.extend_from_slice(&m.packet.0);
+        }
+        self.state
+            .insert(KEY_REPLAY, out)
+            .map_err(|e| self.db_err(e))?;
+        Ok(())
+    }
+
+    /// The persisted replay marks (empty before the first round).
+    ///
+    /// # Errors
+    /// [`StoreError::Corrupt`] when the record does not decode.
+    pub fn replay_marks(&self) -> Result<Vec<ReplayMark>, StoreError> {
+        let Some(bytes) = self.state.get(KEY_REPLAY).map_err(|e| self.db_err(e))? else {
+            return Ok(Vec::new());
+        };
+        decode_replay_marks(&bytes)
+            .ok_or_else(|| StoreError::Corrupt("replay-mark record does not decode".into()))
+    }
+
     /// Store one of our own packets: the body as a blob, the header in sled.
     ///
     /// # Errors
@@ -370,6 +418,41 @@ impl Store {
     }
 }
 
+/// Decode a replay-mark record; `None` on any inconsistency (count bounded before allocating).
+fn decode_replay_marks(bytes: &[u8]) -> Option<Vec<ReplayMark>> {
+    fn take<'a>(b: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+        let (head, rest) = b.split_at_checked(n)?;
+        *b = rest;
+        Some(head)
+    }
+    fn array<const N: usize>(b: &mut &[u8]) -> Option<[u8; N]> {
+        take(b, N)?.try_into().ok()
+    }
+    let mut b = bytes;
+    let count = u32::from_le_bytes(array(&mut b)?) as usize;
+    if count > MAX_REPLAY_MARKS {
+        return None;
+    }
+    let mut marks = Vec::with_capacity(count.min(b.len() / (1 + 32 + 8 + 32)));
+    for _ in 0..count {
+        let len = usize::from(*take(&mut b, 1)?.first()?);
+        if len > MAX_PEER_ID_LEN {
+            return None;
+        }
+        let sender = PeerId::from_bytes(take(&mut b, len)?).ok()?;
+        let model = ModelId(array(&mut b)?);
+        let round = u64::from_le_bytes(array(&mut b)?);
+        let packet = PacketId(array(&mut b)?);
+        marks.push(ReplayMark {
+            sender,
+            model,
+            round,
+            packet,
+        });
+    }
+    b.is_empty().then_some(marks)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -379,6 +462,41 @@ mod tests {
             std::env::temp_dir().join(format!("kindred-store-{:016x}", rand::random::<u64>()));
         fs::create_dir_all(&dir).unwrap();
         dir
+    }
+
+    #[test]
+    fn replay_marks_survive_reopen_and_bad_records_are_corrupt() {
+        let dir = tempdir();
+        let marks: Vec<ReplayMark> = (0..3u8)
+            .map(|i| ReplayMark {
+                sender: libp2p::identity::Keypair::generate_ed25519()
+                    .public()
+                    .to_peer_id(),
+                model: ModelId([i; 32]),
+                round: 7 + u64::from(i),
+                packet: PacketId([i + 1; 32]),
+            })
+            .collect();
+        {
+            let store = Store::open(&dir).unwrap();
+            assert!(store.replay_marks().unwrap().is_empty());
+            store.put_replay_marks(&marks).unwrap();
+            store.flush().unwrap();
+        }
+        let store = Store::open(&dir).unwrap();
+        assert_eq!(store.replay_marks().unwrap(), marks);
+        // Every truncation, a trailing byte and an absurd count are rejected, never a panic.
+        let good = store.state.get(KEY_REPLAY).unwrap().unwrap().to_vec();
+        for cut in 0..good.len() {
+            assert!(decode_replay_marks(&good[..cut]).is_none(), "cut {cut}");
+        }
+        let mut long = good.clone();
+        long.push(0);
+        assert!(decode_replay_marks(&long).is_none());
+        assert!(decode_replay_marks(&u32::MAX.to_le_bytes()).is_none());
+        store.state.insert(KEY_REPLAY, &good[..5]).unwrap();
+        assert!(matches!(store.replay_marks(), Err(StoreError::Corrupt(_))));
+        fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]

@@ -62,6 +62,13 @@ fn killed_nodes_restart_with_identity_round_and_residuals() {
             restored.round
         );
         assert!(restored.distiller_round > 0, "distiller state restored");
+        // Replay marks are restored before the API comes up (they were persisted with every
+        // committed round, and a node past round 1 has accepted peers).
+        assert!(
+            nodes[i].log().contains("replay marks restored"),
+            "replay marks restored:\n{}",
+            nodes[i].log()
+        );
         assert!(
             restored.residual_norm > 0.0,
             "error-feedback residuals restored"
