@@ -57,8 +57,8 @@ pub struct SynthConfig {
     /// Exponent of the cosine in the weights. Default 0: every accepted peer weighs by its
     /// samples alone. The gate already removed the peers that disagree; weighting the rest by a
     /// sparse peer's support cosine (typically 0.2-0.5 for an honest same-task peer) shrinks
-    /// every partner toward nothing and the merge toward local training (measured with
-    /// `kindred-sim experiment`: 1 point lower on label-permutation clusters than with 0).
+    /// every partner toward nothing and the merge toward local training (`kindred-sim learn
+    /// --setting label --nodes 64`, seed 1: 87.2% with exponent 1, 88.5% with 0).
     pub similarity_power: f32,
     /// The merge rule. Default [`MergeRule::WeightedMean`].
     pub rule: MergeRule,
