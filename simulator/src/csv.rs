@@ -12,6 +12,16 @@ pub fn field(s: &str) -> String {
     }
 }
 
+/// A number cell: six decimals, or empty for NaN and infinities (a missing value, not a
+/// string a spreadsheet would choke on).
+pub fn number(v: f64) -> String {
+    if v.is_finite() {
+        format!("{v:.6}")
+    } else {
+        String::new()
+    }
+}
+
 /// Write `header` and `rows` to `path`.
 ///
 /// # Errors
@@ -33,5 +43,12 @@ mod tests {
         assert_eq!(super::field("a"), "a");
         assert_eq!(super::field("a,b"), "\"a,b\"");
         assert_eq!(super::field("say \"x\""), "\"say \"\"x\"\"\"");
+    }
+
+    #[test]
+    fn numbers() {
+        assert_eq!(super::number(0.5), "0.500000");
+        assert_eq!(super::number(f64::NAN), "");
+        assert_eq!(super::number(f64::INFINITY), "");
     }
 }

@@ -24,10 +24,6 @@ use crate::stats::{mean, sd};
 /// The grid to run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ExperimentConfig {
-    /// Nodes per run.
-    pub nodes: usize,
-    /// Rounds per run.
-    pub rounds: usize,
     /// Seeds; every setting runs every row on each.
     pub seeds: Vec<u64>,
     /// Data settings.
@@ -39,7 +35,8 @@ pub struct ExperimentConfig {
     pub hostile_fraction: f64,
     /// The setting of the poisoning run.
     pub poison_setting: Setting,
-    /// Everything else (training, top-m, probes, evaluation sizes) as for `kindred-sim learn`.
+    /// Nodes, rounds, training, top-m, probes and evaluation sizes, as for `kindred-sim learn`;
+    /// its seed, setting, policies and hostile nodes are set per run.
     pub base: LearnConfig,
 }
 
@@ -48,8 +45,6 @@ impl Default for ExperimentConfig {
     /// seven rows of [`PolicySpec::evaluation_table`], 20% hostile nodes on the label setting.
     fn default() -> Self {
         Self {
-            nodes: 64,
-            rounds: 30,
             seeds: vec![1, 2, 3],
             settings: vec![
                 Setting::Iid,
@@ -268,7 +263,7 @@ pub fn run(
     let poison = cfg.hostile_fraction > 0.0;
     let runs_total = (cfg.settings.len() * cfg.seeds.len() * cfg.rows.len()
         + if poison { 2 * cfg.seeds.len() } else { 0 }) as u64;
-    let rounds = cfg.rounds as u64;
+    let rounds = cfg.base.rounds as u64;
     let mut done_runs = 0u64;
     let mut params = 0;
     let mut settings = Vec::new();
@@ -278,8 +273,6 @@ pub fn run(
         let mut baseline = Vec::new();
         for &seed in &cfg.seeds {
             let mut lc = cfg.base.clone();
-            lc.nodes = cfg.nodes;
-            lc.rounds = cfg.rounds;
             lc.seed = seed;
             lc.setting = *setting;
             lc.policies = cfg.rows.clone();
@@ -333,8 +326,6 @@ pub fn run(
         let (mut robust, mut plain, mut hostile_nodes) = (Vec::new(), Vec::new(), Vec::new());
         for &seed in &cfg.seeds {
             let mut lc = cfg.base.clone();
-            lc.nodes = cfg.nodes;
-            lc.rounds = cfg.rounds;
             lc.seed = seed;
             lc.setting = cfg.poison_setting;
             lc.policies = vec![PolicySpec::kindred(), PolicySpec::kindred_plain_merge()];
@@ -388,8 +379,8 @@ pub fn run(
     };
     progress("done", runs_total * rounds, runs_total * rounds);
     Ok(ExperimentReport {
-        nodes: cfg.nodes,
-        rounds: cfg.rounds,
+        nodes: cfg.base.nodes,
+        rounds: cfg.base.rounds,
         seeds: cfg.seeds.clone(),
         params,
         settings,
@@ -421,8 +412,6 @@ mod tests {
         base.eval_nodes = 4;
         base.top_m = 3;
         let cfg = ExperimentConfig {
-            nodes: 16,
-            rounds: 3,
             seeds: vec![1, 2],
             settings: vec![Setting::Label { clusters: 2 }],
             rows: PolicySpec::evaluation_table(),

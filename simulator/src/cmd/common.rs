@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use kindred_node::trainer::TrainConfig;
 
 /// `--seed`, `--json`, `--out`.
 #[derive(Debug, Clone, Args)]
@@ -26,6 +27,31 @@ impl Common {
             std::fs::create_dir_all(dir)?;
         }
         Ok(self.out.clone())
+    }
+}
+
+/// Local training per round, shared by `learn` and `experiment`.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct TrainArgs {
+    /// SGD steps per round.
+    #[arg(long, default_value_t = 20)]
+    pub(crate) steps: usize,
+    /// Minibatch size.
+    #[arg(long, default_value_t = 32)]
+    pub(crate) batch: usize,
+    /// Learning rate.
+    #[arg(long, default_value_t = 0.1)]
+    pub(crate) lr: f64,
+}
+
+impl TrainArgs {
+    /// The trainer's configuration.
+    pub(crate) fn config(&self) -> TrainConfig {
+        TrainConfig {
+            steps: self.steps,
+            batch: self.batch,
+            lr: self.lr,
+        }
     }
 }
 

@@ -3,13 +3,12 @@
 use std::path::Path;
 
 use clap::{Args, ValueEnum};
-use kindred_node::trainer::TrainConfig;
 use kindred_simulator::experiment::{ExperimentConfig, ExperimentReport, RowSummary, Spread};
 use kindred_simulator::learn::{LearnConfig, Setting};
 use kindred_simulator::plot::{Chart, Series, line_chart};
 use serde_json::{Value, json};
 
-use super::common::{Common, progress_bar};
+use super::common::{Common, TrainArgs, progress_bar};
 use super::render::{Table, json_line, note, pm};
 
 /// Data settings of the grid.
@@ -55,15 +54,8 @@ pub(crate) struct ExperimentArgs {
         default_value = "iid,rotation,label"
     )]
     pub(crate) settings: Vec<SettingName>,
-    /// SGD steps per round.
-    #[arg(long, default_value_t = 20)]
-    pub(crate) steps: usize,
-    /// Minibatch size.
-    #[arg(long, default_value_t = 32)]
-    pub(crate) batch: usize,
-    /// Learning rate.
-    #[arg(long, default_value_t = 0.1)]
-    pub(crate) lr: f64,
+    #[command(flatten)]
+    pub(crate) train: TrainArgs,
     /// Share of hostile nodes in the poisoning run on the label setting (0 skips it).
     #[arg(long, default_value_t = 0.2)]
     pub(crate) hostile: f64,
@@ -81,11 +73,7 @@ impl ExperimentArgs {
             "--hostile must be in [0, 1)"
         );
         let mut base = LearnConfig::new(self.nodes, self.rounds);
-        base.train = TrainConfig {
-            steps: self.steps,
-            batch: self.batch,
-            lr: self.lr,
-        };
+        base.train = self.train.config();
         let mut settings: Vec<Setting> = Vec::new();
         for s in &self.settings {
             if !settings.contains(&s.setting()) {
@@ -93,8 +81,6 @@ impl ExperimentArgs {
             }
         }
         Ok(ExperimentConfig {
-            nodes: self.nodes,
-            rounds: self.rounds,
             seeds: (0..self.seeds)
                 .map(|i| self.common.seed.wrapping_add(i))
                 .collect(),
@@ -317,13 +303,7 @@ pub(crate) fn run(args: &ExperimentArgs) -> anyhow::Result<()> {
 }
 
 fn write_outputs(dir: &Path, r: &ExperimentReport) -> anyhow::Result<()> {
-    let f = |v: f64| {
-        if v.is_finite() {
-            format!("{v:.6}")
-        } else {
-            String::new()
-        }
-    };
+    let f = kindred_simulator::csv::number;
     let mut summary = Vec::new();
     let mut runs = Vec::new();
     let mut rounds = Vec::new();

@@ -3,12 +3,11 @@
 use std::path::Path;
 
 use clap::{Args, ValueEnum};
-use kindred_node::trainer::TrainConfig;
 use kindred_simulator::learn::{Attack, Hostile, LearnConfig, LearnReport, PolicySpec, Setting};
 use kindred_simulator::plot::{Chart, Series, line_chart};
 use serde_json::{Value, json};
 
-use super::common::{Common, progress_bar};
+use super::common::{Common, TrainArgs, progress_bar};
 use super::render::{Table, json_line, note};
 
 /// Data settings.
@@ -46,15 +45,8 @@ pub(crate) struct LearnArgs {
         default_value = "kindred,gossip,allreduce,local,oracle"
     )]
     pub(crate) policies: Vec<String>,
-    /// SGD steps per round.
-    #[arg(long, default_value_t = 20)]
-    pub(crate) steps: usize,
-    /// Minibatch size.
-    #[arg(long, default_value_t = 32)]
-    pub(crate) batch: usize,
-    /// Learning rate.
-    #[arg(long, default_value_t = 0.1)]
-    pub(crate) lr: f64,
+    #[command(flatten)]
+    pub(crate) train: TrainArgs,
     /// Bodies fetched per node (semantic top-m); also the gossip fan-out (default:
     /// kindred-routing's).
     #[arg(long)]
@@ -86,11 +78,7 @@ impl LearnArgs {
                 clusters: self.clusters,
             },
         };
-        c.train = TrainConfig {
-            steps: self.steps,
-            batch: self.batch,
-            lr: self.lr,
-        };
+        c.train = self.train.config();
         if let Some(m) = self.top_m {
             c.top_m = m;
         }
@@ -232,7 +220,7 @@ pub(crate) fn run(args: &LearnArgs) -> anyhow::Result<()> {
         "params": last.map_or(0, |r| r.params),
         "shard_size": last.map_or(0.0, |r| r.shard_size),
         "hostile": last.map_or(0, |r| r.hostile),
-        "steps": args.steps,
+        "steps": args.train.steps,
         "seconds": last.map_or(0.0, |r| r.seconds),
         "peak_rss_mb": peak,
         "policies": last.map_or(json!({}), policy_json),
@@ -255,13 +243,7 @@ pub(crate) fn run(args: &LearnArgs) -> anyhow::Result<()> {
 }
 
 fn write_outputs(dir: &Path, reports: &[LearnReport]) -> anyhow::Result<()> {
-    let f = |v: f64| {
-        if v.is_finite() {
-            format!("{v:.6}")
-        } else {
-            String::new()
-        }
-    };
+    let f = kindred_simulator::csv::number;
     let mut rows = Vec::new();
     for r in reports {
         for p in &r.policies {

@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 use kindred_routing::keys::KeyConfig;
+use kindred_simulator::csv::number as fmt;
 use kindred_simulator::plot::{Chart, Series, line_chart};
 use kindred_simulator::routing::churn::ChurnConfig;
 use kindred_simulator::routing::latency::Latency;
@@ -330,14 +331,6 @@ pub(crate) fn run(args: &RoutingArgs) -> anyhow::Result<()> {
     }
     json_line(&line);
     Ok(())
-}
-
-fn fmt(v: f64) -> String {
-    if v.is_finite() {
-        format!("{v:.6}")
-    } else {
-        String::new()
-    }
 }
 
 fn write_outputs(dir: &Path, groups: &[Group]) -> anyhow::Result<()> {
