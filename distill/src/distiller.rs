@@ -158,8 +158,11 @@ impl Distiller {
         })
     }
 
-    /// Use another kernel backend (results are identical on every backend).
+    /// Use another kernel backend for distillation and for the embedding (results are identical
+    /// on every backend). The embedder is copied (its hyperplanes included) when it is shared.
     pub fn with_backend(mut self, backend: Backend) -> Self {
+        let embedder = Arc::unwrap_or_clone(self.embedder).with_backend(backend.clone());
+        self.embedder = Arc::new(embedder);
         self.backend = backend;
         self
     }

@@ -131,6 +131,11 @@ impl Embedder {
         self
     }
 
+    /// The kernel backend embeddings are computed on.
+    pub fn backend(&self) -> &Backend {
+        &self.backend
+    }
+
     /// The configuration.
     pub fn config(&self) -> &EmbeddingConfig {
         &self.config

@@ -38,3 +38,22 @@ fn same_bits_across_runs_and_thread_counts() {
         assert!(got == reference, "{threads} threads differ");
     }
 }
+
+/// `with_backend` moves the embedding onto the backend too: a "single-threaded" distiller must
+/// not sketch its update on rayon's pool (it did once, and one-core benchmarks counted two cores).
+#[test]
+fn the_backend_chosen_is_used_for_the_embedding_too() {
+    use kindred_kernels::{Backend, Threading};
+    let spec = common::spec();
+    let d = Distiller::new(spec.clone(), Policy::default(), EmbeddingConfig::default())
+        .unwrap()
+        .with_backend(Backend::cpu_single_threaded());
+    let single = |b: &Backend| matches!(b, Backend::Cpu(c) if c.threading() == Threading::Single);
+    assert!(single(d.embedder().backend()));
+    // Same results either way.
+    let n = spec.numel() as usize;
+    let mut a = Distiller::new(spec, Policy::default(), EmbeddingConfig::default()).unwrap();
+    let mut b = d;
+    let u = common::update(n, 3);
+    assert_eq!(a.distill(&u).unwrap(), b.distill(&u).unwrap());
+}
