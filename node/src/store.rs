@@ -294,17 +294,19 @@ impl Store {
     /// # Errors
     /// A database error.
     pub fn put_replay_marks(&self, marks: &[ReplayMark]) -> Result<(), StoreError> {
-        let mut out = Vec::with_capacity(4 + marks.len() * (1 + 38 + 32 + 8 + 32));
-        let kept = marks.len().min(MAX_REPLAY_MARKS);
-        out.extend_from_slice(&(kept as u32).to_le_bytes());
-        for m in marks.iter().take(kept) {
-            let peer = m.sender.to_bytes();
-            // Longer ids never come out of libp2p-identity; skipping keeps the record decodable.
-            let Ok(len) = u8::try_from(peer.len()) else {
-                continue;
-            };
-            out.push(len);
-            out.extend_from_slice(&peer);
+        // Only marks whose sender id the decoder accepts, and the count of exactly those: a
+        // record must always read back (ed25519 ids are 38 bytes; none from libp2p exceeds 64).
+        let kept: Vec<(Vec<u8>, &ReplayMark)> = marks
+            .iter()
+            .map(|m| (m.sender.to_bytes(), m))
+            .filter(|(peer, _)| peer.len() <= MAX_PEER_ID_LEN)
+            .take(MAX_REPLAY_MARKS)
+            .collect();
+        let mut out = Vec::with_capacity(4 + kept.len() * (1 + 38 + 32 + 8 + 32));
+        out.extend_from_slice(&(kept.len() as u32).to_le_bytes());
+        for (peer, m) in &kept {
+            out.push(peer.len() as u8);
+            out.extend_from_slice(peer);
             out.extend_from_slice(&m.model.0);
             out.extend_from_slice(&m.round.to_le_bytes());
             out.extend_from_slice(&m.packet.0);
