@@ -422,7 +422,7 @@ pub fn calibrate(
     noise: f32,
     seed: u64,
     parallel: usize,
-    progress: &(dyn Fn(&str, u64, u64) + Sync),
+    progress: crate::ProgressFn<'_>,
 ) -> Result<Calibration, CalibrateError> {
     if nodes < 4 {
         return Err(CalibrateError::Config("need at least 4 nodes".into()));

@@ -183,8 +183,7 @@ impl ExperimentReport {
     }
 }
 
-/// Progress callback: `(stage, done, total)` in learning runs.
-pub type ProgressFn<'a> = &'a (dyn Fn(&str, u64, u64) + Sync);
+pub use crate::ProgressFn;
 
 fn rounds_to(acc: &[f64], bar: f64) -> Option<usize> {
     acc.iter().position(|&a| a >= bar).map(|i| i + 1)

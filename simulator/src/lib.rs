@@ -28,3 +28,7 @@ pub mod plot;
 pub mod rng;
 pub mod routing;
 pub mod stats;
+
+/// Progress callback of every long run: `(stage, done, total)`. Runs call it from worker
+/// threads, hence `Sync`.
+pub type ProgressFn<'a> = &'a (dyn Fn(&str, u64, u64) + Sync);

@@ -4,7 +4,7 @@ use clap::Args;
 use kindred_simulator::calibrate::{Calibration, SideFigures, calibrate};
 use serde_json::{Value, json};
 
-use super::common::{Common, progress_bar};
+use super::common::{Common, progress_bar, progress_to};
 use super::render::{Table, json_line, note};
 
 /// Options of `kindred-sim calibrate`.
@@ -57,11 +57,7 @@ pub(crate) fn run(args: &CalibrateArgs) -> anyhow::Result<()> {
     let mut runs = Vec::new();
     for &n in &args.nodes {
         pb.set_prefix(format!("N={n}"));
-        let cb = |stage: &str, done: u64, len: u64| {
-            pb.set_message(stage.to_owned());
-            pb.set_length(len);
-            pb.set_position(done);
-        };
+        let cb = progress_to(&pb);
         runs.push(calibrate(
             n,
             args.noise,

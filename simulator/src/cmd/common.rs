@@ -56,6 +56,15 @@ impl TrainArgs {
 }
 
 /// A progress bar on stderr, hidden with `--json` or when stderr is not a terminal.
+/// A progress callback that shows each stage on `pb`.
+pub(crate) fn progress_to(pb: &ProgressBar) -> impl Fn(&str, u64, u64) + Sync + '_ {
+    move |stage, done, len| {
+        pb.set_message(stage.to_owned());
+        pb.set_length(len);
+        pb.set_position(done);
+    }
+}
+
 pub(crate) fn progress_bar(json: bool) -> ProgressBar {
     let pb = ProgressBar::with_draw_target(Some(1), ProgressDrawTarget::stderr());
     if json {

@@ -8,7 +8,7 @@ use kindred_simulator::learn::{LearnConfig, Setting};
 use kindred_simulator::plot::{Chart, Series, line_chart};
 use serde_json::{Value, json};
 
-use super::common::{Common, TrainArgs, progress_bar};
+use super::common::{Common, TrainArgs, progress_bar, progress_to};
 use super::render::{Table, json_line, note, pm};
 
 /// Data settings of the grid.
@@ -219,11 +219,7 @@ pub(crate) fn run(args: &ExperimentArgs) -> anyhow::Result<()> {
     let out = args.common.out_dir()?;
     let json = args.common.json;
     let pb = progress_bar(json);
-    let cb = |stage: &str, done: u64, len: u64| {
-        pb.set_message(stage.to_owned());
-        pb.set_length(len);
-        pb.set_position(done);
-    };
+    let cb = progress_to(&pb);
     let report = kindred_simulator::experiment::run(&cfg, &cb)?;
     pb.finish_and_clear();
     let peak = kindred_simulator::mem::peak_rss_mb().unwrap_or(f64::NAN);

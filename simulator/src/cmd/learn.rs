@@ -7,7 +7,7 @@ use kindred_simulator::learn::{Attack, Hostile, LearnConfig, LearnReport, Policy
 use kindred_simulator::plot::{Chart, Series, line_chart};
 use serde_json::{Value, json};
 
-use super::common::{Common, TrainArgs, progress_bar};
+use super::common::{Common, TrainArgs, progress_bar, progress_to};
 use super::render::{Table, json_line, note};
 
 /// Data settings.
@@ -147,11 +147,7 @@ pub(crate) fn run(args: &LearnArgs) -> anyhow::Result<()> {
     for &n in &args.nodes {
         let cfg = args.config(n)?;
         pb.set_prefix(format!("N={n}"));
-        let cb = |stage: &str, done: u64, len: u64| {
-            pb.set_message(stage.to_owned());
-            pb.set_length(len);
-            pb.set_position(done);
-        };
+        let cb = progress_to(&pb);
         reports.push(kindred_simulator::learn::run(&cfg, &cb)?);
     }
     pb.finish_and_clear();

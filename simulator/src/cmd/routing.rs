@@ -12,7 +12,7 @@ use kindred_simulator::routing::{RoutingConfig, RoutingReport};
 use kindred_simulator::stats::{linear_fit, mean, sd};
 use serde_json::{Value, json};
 
-use super::common::{Common, progress_bar};
+use super::common::{Common, progress_bar, progress_to};
 use super::render::{Table, json_line, note, pm};
 
 /// Options of `kindred-sim routing`.
@@ -248,11 +248,7 @@ pub(crate) fn run(args: &RoutingArgs) -> anyhow::Result<()> {
                 pb.set_prefix(format!(
                     "[{run_no}/{total}] N={nodes} churn={churn}/h seed={seed}"
                 ));
-                let cb = |stage: &str, done: u64, len: u64| {
-                    pb.set_message(stage.to_owned());
-                    pb.set_length(len);
-                    pb.set_position(done);
-                };
+                let cb = progress_to(&pb);
                 let report = kindred_simulator::routing::run(&cfg, &cb)?;
                 g.runs.push((seed, report));
             }

@@ -152,8 +152,7 @@ pub struct LearnReport {
     pub seconds: f64,
 }
 
-/// Progress callback: `(stage, done, total)`.
-pub type ProgressFn<'a> = &'a (dyn Fn(&str, u64, u64) + Sync);
+pub use crate::ProgressFn;
 
 /// The prepared data of a run.
 struct Data {

@@ -241,8 +241,7 @@ pub struct RoutingReport {
     pub recall_seconds: f64,
 }
 
-/// Progress callback: `(stage, done, total)`.
-pub type ProgressFn<'a> = &'a (dyn Fn(&str, u64, u64) + Sync);
+pub use crate::ProgressFn;
 
 /// What a job is, for bookkeeping its outcome.
 #[derive(Debug, Clone, Copy)]
