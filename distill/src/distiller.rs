@@ -24,7 +24,7 @@ use kindred_kernels::{
 };
 use kindred_proto::{
     DenseValues, Embedding, LayerPayload, ModelSpec, PacketBody, PayloadKind, SignBits, TopK,
-    encode_body,
+    encoded_layer_len,
 };
 
 use crate::embed::{Embedded, Embedder, EmbeddingConfig};
@@ -333,7 +333,7 @@ impl Distiller {
                 } else {
                     0.0
                 },
-                bytes: payload_bytes(&payload),
+                bytes: encoded_layer_len(&payload),
                 stats: *s,
             });
             layers.push(payload);
@@ -460,16 +460,6 @@ impl Distiller {
         }
         Ok(payload)
     }
-}
-
-/// Encoded bytes of one layer payload, exactly as it appears inside a body.
-fn payload_bytes(payload: &LayerPayload) -> usize {
-    // A one-layer body is varint(1) (one byte) followed by the layer.
-    encode_body(&PacketBody {
-        layers: vec![payload.clone()],
-    })
-    .len()
-    .saturating_sub(1)
 }
 
 /// Bytes of a LEB128 varint.

@@ -407,10 +407,10 @@ fn validate(config: &SynthConfig) -> Result<(), SynthError> {
     if !(config.similarity_power.is_finite() && config.similarity_power >= 0.0) {
         return bad("similarity_power", "must be non-negative");
     }
-    if let MergeRule::TrimmedMean { trim } = config.rule {
-        if !(trim.is_finite() && (0.0..0.5).contains(&trim)) {
-            return bad("rule", "trim must be in [0, 0.5)");
-        }
+    if let MergeRule::TrimmedMean { trim } = config.rule
+        && !(trim.is_finite() && (0.0..0.5).contains(&trim))
+    {
+        return bad("rule", "trim must be in [0, 0.5)");
     }
     Ok(())
 }

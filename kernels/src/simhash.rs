@@ -113,10 +113,10 @@ impl SimHasher {
             .enumerate()
         {
             let p = dot(plane, v);
-            if p > 0.0 {
-                if let Some(byte) = out.bits.get_mut(bit / 8) {
-                    *byte |= 1 << (bit % 8);
-                }
+            if p > 0.0
+                && let Some(byte) = out.bits.get_mut(bit / 8)
+            {
+                *byte |= 1 << (bit % 8);
             }
             *margin = if norm > 0.0 {
                 (f64::from(p.abs()) / norm) as f32

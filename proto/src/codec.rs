@@ -416,6 +416,46 @@ pub fn encode_body(body: &PacketBody) -> Vec<u8> {
     out
 }
 
+/// Bytes `layer` takes inside an encoded body, computed without encoding it: the body is the
+/// varint of the layer count followed by exactly these sizes, so a distiller can report per-layer
+/// bytes on every round without encoding twice.
+///
+/// ```
+/// use kindred_proto::{encode_body, encoded_layer_len, LayerPayload, PacketBody, TopK};
+/// let layer = LayerPayload::TopK(TopK { len: 1000, indices: vec![3, 200, 999], values: vec![5, -7, 1], scale: 0.5 });
+/// let body = PacketBody { layers: vec![layer.clone()] };
+/// assert_eq!(encode_body(&body).len(), 1 + encoded_layer_len(&layer));
+/// ```
+pub fn encoded_layer_len(layer: &LayerPayload) -> usize {
+    // postcard: an enum variant is the varint of its index (one byte here), a u32 a varint, a
+    // byte slice the varint of its length and the bytes, an f32 four bytes.
+    let bytes = |n: usize| varint::len_u32(n as u32) + n;
+    1 + match layer {
+        LayerPayload::Dense(values) => {
+            let n = match values {
+                DenseValues::F32(v) => v.len() * 4,
+                DenseValues::F16(v) => v.len() * 2,
+                DenseValues::BF16(v) => v.len() * 2,
+            };
+            1 + bytes(n)
+        }
+        LayerPayload::TopK(t) => {
+            let mut prev = 0u32;
+            let mut deltas = 0;
+            for (i, &idx) in t.indices.iter().enumerate() {
+                deltas += varint::len_u32(if i == 0 { idx } else { idx.wrapping_sub(prev) });
+                prev = idx;
+            }
+            varint::len_u32(t.len)
+                + varint::len_u32(t.indices.len() as u32)
+                + bytes(deltas)
+                + bytes(t.values.len())
+                + 4
+        }
+        LayerPayload::Sign(s) => varint::len_u32(s.len) + bytes(s.words.len() * 8) + 4,
+    }
+}
+
 fn encoded_size_hint(layer: &LayerPayload) -> usize {
     match layer {
         LayerPayload::Dense(DenseValues::F32(v)) => v.len() * 4,

@@ -54,7 +54,8 @@ mod spec;
 mod varint;
 
 pub use codec::{
-    HeaderFields, SealedPacket, decode_body, decode_header, encode_body, encode_header, seal,
+    HeaderFields, SealedPacket, decode_body, decode_header, encode_body, encode_header,
+    encoded_layer_len, seal,
 };
 pub use error::{DecodeError, Part, SealError, SpecError};
 pub use header::{BodyHash, Embedding, PacketHeader, PacketId, SimHash, VerifiedHeader};

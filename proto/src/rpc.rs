@@ -401,7 +401,7 @@ impl RpcRequest {
 
 /// Split a packed run of 32-byte values, checking its length before allocating.
 fn unpack_keys(packed: &[u8]) -> Result<Vec<[u8; 32]>, RpcDecodeError> {
-    if packed.len() % KEY_LEN != 0 {
+    if !packed.len().is_multiple_of(KEY_LEN) {
         return Err(RpcDecodeError::Malformed {
             detail: "key list is not a whole number of 32-byte keys",
         });

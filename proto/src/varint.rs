@@ -24,6 +24,13 @@ impl VarintError {
     }
 }
 
+/// Bytes of the varint of `v` (1 to 5).
+#[inline]
+pub(crate) fn len_u32(v: u32) -> usize {
+    // One byte per started group of 7 bits, and one for zero.
+    (32 - (v | 1).leading_zeros() as usize).div_ceil(7)
+}
+
 pub(crate) fn encode_u32(mut v: u32, out: &mut Vec<u8>) {
     while v >= 0x80 {
         out.push((v as u8) | 0x80);
@@ -36,10 +43,10 @@ pub(crate) fn encode_u32(mut v: u32, out: &mut Vec<u8>) {
 #[inline]
 pub(crate) fn decode_u32(bytes: &[u8]) -> Result<(u32, &[u8]), VarintError> {
     // Fast path: one byte, the common case for top-k deltas.
-    if let Some((&b, rest)) = bytes.split_first() {
-        if b < 0x80 {
-            return Ok((u32::from(b), rest));
-        }
+    if let Some((&b, rest)) = bytes.split_first()
+        && b < 0x80
+    {
+        return Ok((u32::from(b), rest));
     }
     let mut value = 0u64;
     for (i, &b) in bytes.iter().enumerate().take(5) {
@@ -75,10 +82,32 @@ mod tests {
             encode_u32(v, &mut buf);
             let postcard = postcard::to_allocvec(&v).unwrap();
             prop_assert_eq!(&buf, &postcard);
+            prop_assert_eq!(len_u32(v), buf.len());
             buf.extend_from_slice(&tail);
             let (d, rest) = decode_u32(&buf).unwrap();
             prop_assert_eq!(d, v);
             prop_assert_eq!(rest, &tail[..]);
+        }
+    }
+
+    #[test]
+    fn length_at_every_seven_bit_boundary() {
+        for v in [
+            0u32,
+            1,
+            127,
+            128,
+            16_383,
+            16_384,
+            (1 << 21) - 1,
+            1 << 21,
+            (1 << 28) - 1,
+            1 << 28,
+            u32::MAX,
+        ] {
+            let mut buf = Vec::new();
+            encode_u32(v, &mut buf);
+            assert_eq!(len_u32(v), buf.len(), "{v}");
         }
     }
 

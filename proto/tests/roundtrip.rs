@@ -52,10 +52,10 @@ fn sign(n: usize) -> impl Strategy<Value = LayerPayload> {
         0f32..10.0,
     )
         .prop_map(move |(mut words, scale)| {
-            if n % 64 != 0 {
-                if let Some(last) = words.last_mut() {
-                    *last &= (1u64 << (n % 64)) - 1;
-                }
+            if !n.is_multiple_of(64)
+                && let Some(last) = words.last_mut()
+            {
+                *last &= (1u64 << (n % 64)) - 1;
             }
             LayerPayload::Sign(SignBits {
                 len: n as u32,
@@ -123,6 +123,11 @@ proptest! {
         prop_assert_eq!(&packet.body, &body);
         // Encoding is deterministic: re-encoding the decoded body gives the same bytes.
         prop_assert_eq!(encode_body(&packet.body), sealed.body_bytes);
+        // The computed sizes add up to the encoded body, layer by layer.
+        for layer in &body.layers {
+            let one = PacketBody { layers: vec![layer.clone()] };
+            prop_assert_eq!(encode_body(&one).len(), 1 + encoded_layer_len(layer));
+        }
     }
 
     #[test]

@@ -475,18 +475,18 @@ impl RoutingCore {
             state.failed += 1;
             self.metrics.announce_failures += 1;
         }
-        if state.pending == 0 {
-            if let Some(state) = self.announces.remove(&announce) {
-                self.outputs.push_back(Output::AnnounceFinished {
-                    announce,
-                    report: AnnounceReport {
-                        packet: state.packet,
-                        window: state.window,
-                        keys: state.keys,
-                        failed: state.failed,
-                    },
-                });
-            }
+        if state.pending == 0
+            && let Some(state) = self.announces.remove(&announce)
+        {
+            self.outputs.push_back(Output::AnnounceFinished {
+                announce,
+                report: AnnounceReport {
+                    packet: state.packet,
+                    window: state.window,
+                    keys: state.keys,
+                    failed: state.failed,
+                },
+            });
         }
     }
 

@@ -284,10 +284,10 @@ impl Driver {
                         .get(&lookup)
                         .and_then(|keys| keys.get(&key))
                         .copied();
-                    if let Some(id) = id {
-                        if let Some(mut q) = self.swarm.behaviour_mut().kad.query_mut(&id) {
-                            q.finish();
-                        }
+                    if let Some(id) = id
+                        && let Some(mut q) = self.swarm.behaviour_mut().kad.query_mut(&id)
+                    {
+                        q.finish();
                     }
                 }
                 Output::SendRequest { peer, request } => {
@@ -326,10 +326,10 @@ impl Driver {
                         .unwrap_or_default()
                         .into_values()
                     {
-                        if self.queries.remove(&id).is_some() {
-                            if let Some(mut q) = self.swarm.behaviour_mut().kad.query_mut(&id) {
-                                q.finish();
-                            }
+                        if self.queries.remove(&id).is_some()
+                            && let Some(mut q) = self.swarm.behaviour_mut().kad.query_mut(&id)
+                        {
+                            q.finish();
                         }
                     }
                     if let Some(reply) = self.lookup_replies.remove(&lookup) {
@@ -345,11 +345,11 @@ impl Driver {
             SwarmEvent::Behaviour(BehaviourEvent::Kad(e)) => self.on_kad(*e),
             SwarmEvent::Behaviour(BehaviourEvent::Rpc(e)) => self.on_rpc(e),
             SwarmEvent::Behaviour(BehaviourEvent::Identify(e)) => {
-                if let identify::Event::Received { peer_id, info, .. } = *e {
-                    if info.protocols.contains(&KAD_PROTOCOL) {
-                        for addr in info.listen_addrs.into_iter().take(MAX_IDENTIFY_ADDRS) {
-                            self.swarm.behaviour_mut().kad.add_address(&peer_id, addr);
-                        }
+                if let identify::Event::Received { peer_id, info, .. } = *e
+                    && info.protocols.contains(&KAD_PROTOCOL)
+                {
+                    for addr in info.listen_addrs.into_iter().take(MAX_IDENTIFY_ADDRS) {
+                        self.swarm.behaviour_mut().kad.add_address(&peer_id, addr);
                     }
                 }
             }

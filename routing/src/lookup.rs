@@ -665,21 +665,21 @@ impl RoutingCore {
             };
             match l.phase {
                 Phase::Discover => {
-                    if l.headers_in_flight < concurrency {
-                        if let Some(peer) = l.queue.pop_front() {
-                            let Some(p) = l.providers.get_mut(&peer) else {
-                                continue;
-                            };
-                            p.status = ProviderStatus::Asked;
-                            let keys = p.keys.clone();
-                            if self.scores.is_banned(&peer, now) {
-                                continue;
-                            }
-                            l.headers_in_flight += 1;
-                            l.stats.header_requests += 1;
-                            self.send(id, peer, Want::Headers { keys });
+                    if l.headers_in_flight < concurrency
+                        && let Some(peer) = l.queue.pop_front()
+                    {
+                        let Some(p) = l.providers.get_mut(&peer) else {
+                            continue;
+                        };
+                        p.status = ProviderStatus::Asked;
+                        let keys = p.keys.clone();
+                        if self.scores.is_banned(&peer, now) {
                             continue;
                         }
+                        l.headers_in_flight += 1;
+                        l.stats.header_requests += 1;
+                        self.send(id, peer, Want::Headers { keys });
+                        continue;
                     }
                     if l.keys_pending == 0 && l.queue.is_empty() && l.headers_in_flight == 0 {
                         self.rank(id);
@@ -689,20 +689,20 @@ impl RoutingCore {
                 }
                 Phase::Fetch => {
                     let wanted = l.top_m.saturating_sub(l.packets.len());
-                    if l.bodies_in_flight < wanted {
-                        if let Some(i) = l.body_queue.pop_front() {
-                            let Some(c) = l.candidates.get(i) else {
-                                continue;
-                            };
-                            let (peer, packet) = (c.header.header().sender, c.header.id());
-                            if self.scores.is_banned(&peer, now) {
-                                continue;
-                            }
-                            l.bodies_in_flight += 1;
-                            l.stats.body_requests += 1;
-                            self.send(id, peer, Want::Body { packet });
+                    if l.bodies_in_flight < wanted
+                        && let Some(i) = l.body_queue.pop_front()
+                    {
+                        let Some(c) = l.candidates.get(i) else {
+                            continue;
+                        };
+                        let (peer, packet) = (c.header.header().sender, c.header.id());
+                        if self.scores.is_banned(&peer, now) {
                             continue;
                         }
+                        l.bodies_in_flight += 1;
+                        l.stats.body_requests += 1;
+                        self.send(id, peer, Want::Body { packet });
+                        continue;
                     }
                     if l.bodies_in_flight == 0 {
                         self.finish_lookup(id, now, false);

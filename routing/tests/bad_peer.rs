@@ -154,11 +154,10 @@ async fn run_evil(
                     ..
                 })) => {
                     pending = pending.saturating_sub(1);
-                    if pending == 0 {
-                        if let Some((tx, addr)) = ready.take() {
+                    if pending == 0
+                        && let Some((tx, addr)) = ready.take() {
                             let _ = tx.send(addr);
                         }
-                    }
                 }
                 SwarmEvent::Behaviour(EvilEvent::Rpc(request_response::Event::Message {
                     message: request_response::Message::Request { request, channel, .. },

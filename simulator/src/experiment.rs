@@ -305,10 +305,10 @@ pub fn run(
                     .first()
                     .map_or(f64::NAN, |p| p.bytes_per_node_round),
             );
-            if *setting == cfg.poison_setting {
-                if let Some(k) = report.policies.iter().find(|p| p.name == "kindred") {
-                    clean_kindred.push(k.final_accuracy);
-                }
+            if *setting == cfg.poison_setting
+                && let Some(k) = report.policies.iter().find(|p| p.name == "kindred")
+            {
+                clean_kindred.push(k.final_accuracy);
             }
         }
         settings.push(SettingSummary {

@@ -54,10 +54,10 @@ fn rerun_with_rayon_threads() -> anyhow::Result<Option<i32>> {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    if matches!(cli.command, Command::Learn(_) | Command::Experiment(_)) {
-        if let Some(code) = rerun_with_rayon_threads()? {
-            std::process::exit(code);
-        }
+    if matches!(cli.command, Command::Learn(_) | Command::Experiment(_))
+        && let Some(code) = rerun_with_rayon_threads()?
+    {
+        std::process::exit(code);
     }
     tracing_subscriber::fmt()
         .with_env_filter(

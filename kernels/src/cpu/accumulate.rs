@@ -103,10 +103,10 @@ pub(super) fn accumulate(
             update: update.len(),
         });
     }
-    if max_abs_bits_chunked(parallel, update) >= INF_BITS {
-        if let Some((index, value)) = first_non_finite(update) {
-            return Err(AccumulateError::NonFinite { index, value });
-        }
+    if max_abs_bits_chunked(parallel, update) >= INF_BITS
+        && let Some((index, value)) = first_non_finite(update)
+    {
+        return Err(AccumulateError::NonFinite { index, value });
     }
     let parts: Vec<Partial> = if parallel {
         residual
@@ -132,10 +132,10 @@ pub(super) fn accumulate(
 pub(super) fn stats(parallel: bool, x: &[f32]) -> Result<Stats, AccumulateError> {
     let parts = map_chunks(parallel, x, |_, c| stats_chunk(c));
     let (stats, abs_max) = combine(x.len(), &parts);
-    if abs_max >= INF_BITS {
-        if let Some((index, value)) = first_non_finite(x) {
-            return Err(AccumulateError::NonFinite { index, value });
-        }
+    if abs_max >= INF_BITS
+        && let Some((index, value)) = first_non_finite(x)
+    {
+        return Err(AccumulateError::NonFinite { index, value });
     }
     Ok(stats)
 }

@@ -169,13 +169,13 @@ pub(super) fn count_sketch(
             found: out.len(),
         });
     }
-    if let Some(c) = center {
-        if c.len() != x.len() {
-            return Err(SketchError::CenterLength {
-                input: x.len(),
-                center: c.len(),
-            });
-        }
+    if let Some(c) = center
+        && c.len() != x.len()
+    {
+        return Err(SketchError::CenterLength {
+            input: x.len(),
+            center: c.len(),
+        });
     }
     if first_index.checked_add(x.len() as u64).is_none() {
         return Err(SketchError::IndexOverflow);

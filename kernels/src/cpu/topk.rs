@@ -237,11 +237,24 @@ fn exact_with(
 
 /// Push the index (offset by `start`) of every element whose magnitude bits are ≥ `threshold`.
 ///
-/// Per 16 elements a hit mask is built without branches (signed compares are exact here, both
-/// sides being below 2^31) and its set bits are walked, so the cost is one mispredicted branch per
-/// hit rather than per element: measured 5.7 G elements/s at 1.7% hits, against ~1 G/s for a
-/// per-element branch.
+/// On x86-64 CPUs with AVX-512F (detected at run time) each 16 elements are one compare into a
+/// mask and two compress-and-store instructions, with no branch per element or per hit: measured
+/// in the distill pipeline at 16M elements and 1.4% hits, this scan went from about 4.3 ms to
+/// about 1.2 ms. Elsewhere the portable loop below runs; both push the same entries.
 pub(super) fn collect_at_least(chunk: &[f32], start: usize, threshold: u32, out: &mut Candidates) {
+    #[cfg(target_arch = "x86_64")]
+    if avx512::available() {
+        avx512::collect_at_least(chunk, start, threshold, out);
+        return;
+    }
+    collect_at_least_portable(chunk, start, threshold, out);
+}
+
+/// The portable [`collect_at_least`]. Per 16 elements a hit mask is built without branches
+/// (signed compares are exact here, both sides being below 2^31) and its set bits are walked, so
+/// the cost is one mispredicted branch per hit rather than per element: measured 5.7 G elements/s
+/// at 1.7% hits, against ~1 G/s for a per-element branch.
+fn collect_at_least_portable(chunk: &[f32], start: usize, threshold: u32, out: &mut Candidates) {
     const GROUP: usize = 16;
     let t = threshold.min(ABS) as i32;
     let mut groups = chunk.chunks_exact(GROUP);
@@ -265,8 +278,114 @@ pub(super) fn collect_at_least(chunk: &[f32], start: usize, threshold: u32, out:
     }
 }
 
+/// The AVX-512F candidate scan. This is the crate's only hand-written SIMD: the scan is the one
+/// loop whose cost is set by branches (one per hit), which the compiler cannot remove and
+/// compress instructions do.
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+mod avx512 {
+    use std::arch::x86_64::{
+        __m512i, _mm512_add_epi32, _mm512_and_si512, _mm512_castps_si512, _mm512_cmpge_epi32_mask,
+        _mm512_loadu_ps, _mm512_maskz_compress_epi32, _mm512_maskz_compress_ps, _mm512_set1_epi32,
+        _mm512_setr_epi32, _mm512_storeu_epi32, _mm512_storeu_ps,
+    };
+
+    use super::{ABS, Candidates, collect_at_least_portable};
+
+    const GROUP: usize = 16;
+    /// Elements per reservation (16 groups).
+    const BLOCK: usize = 256;
+
+    /// Whether this CPU runs AVX-512F and POPCNT (std caches the CPUID answer).
+    pub(super) fn available() -> bool {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("popcnt")
+    }
+
+    /// [`super::collect_at_least`] for a CPU where [`available`] is true.
+    pub(super) fn collect_at_least(
+        chunk: &[f32],
+        start: usize,
+        threshold: u32,
+        out: &mut Candidates,
+    ) {
+        // SAFETY: callers check `available()` first, so the CPU executes these instructions.
+        unsafe { scan(chunk, start, threshold, out) }
+    }
+
+    #[target_feature(enable = "avx512f,popcnt")]
+    fn scan(chunk: &[f32], start: usize, threshold: u32, out: &mut Candidates) {
+        let t = _mm512_set1_epi32(threshold.min(ABS) as i32);
+        let abs = _mm512_set1_epi32(ABS as i32);
+        let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        // Blocks of a few groups: room for a whole block is reserved before it, so each group's
+        // 16-lane stores stay inside, while a vector that collects few hits stays small.
+        let mut blocks = chunk.chunks_exact(BLOCK);
+        let mut base = start;
+        for block in &mut blocks {
+            scan_block(block, base, t, abs, lanes, out);
+            base += BLOCK;
+        }
+        let rest = blocks.remainder();
+        let full = rest.len() - rest.len() % GROUP;
+        let (groups, tail) = rest.split_at(full);
+        scan_block(groups, base, t, abs, lanes, out);
+        collect_at_least_portable(tail, base + full, threshold, out);
+    }
+
+    /// Compress the hits of `block` (a whole number of groups) onto the ends of `out`.
+    #[target_feature(enable = "avx512f,popcnt")]
+    fn scan_block(
+        block: &[f32],
+        start: usize,
+        t: __m512i,
+        abs: __m512i,
+        lanes: __m512i,
+        out: &mut Candidates,
+    ) {
+        out.indices.reserve(block.len());
+        out.values.reserve(block.len());
+        let (mut li, mut lv) = (out.indices.len(), out.values.len());
+        let (pi, pv) = (out.indices.as_mut_ptr(), out.values.as_mut_ptr());
+        // Indices are u32 (callers check that slices fit); the lane arithmetic wraps like `as u32`.
+        let mut base = start as u32;
+        for g in block.chunks_exact(GROUP) {
+            // SAFETY: `g` is exactly 16 f32 (`chunks_exact`); an unaligned load reads just those.
+            let v = unsafe { _mm512_loadu_ps(g.as_ptr()) };
+            // Magnitude bits as i32: both sides are below 2^31, so the signed compare is exact.
+            let hits = _mm512_cmpge_epi32_mask(_mm512_and_si512(_mm512_castps_si512(v), abs), t);
+            let index = _mm512_add_epi32(lanes, _mm512_set1_epi32(base as i32));
+            let packed_index = _mm512_maskz_compress_epi32(hits, index);
+            let packed_value = _mm512_maskz_compress_ps(hits, v);
+            // SAFETY: each earlier group of this block kept at most 16 lanes, so the lengths are
+            // at most the old ones plus the elements before this group, and both vectors have
+            // room for `block.len()` more: the 16-lane stores stay inside the allocations.
+            unsafe {
+                _mm512_storeu_epi32(pi.add(li).cast(), packed_index);
+                _mm512_storeu_ps(pv.add(lv), packed_value);
+            }
+            let n = hits.count_ones() as usize;
+            li += n;
+            lv += n;
+            base = base.wrapping_add(GROUP as u32);
+        }
+        // SAFETY: the first `li` (`lv`) elements are initialised: the old ones, then the first
+        // `n` lanes of each group's store, which are the compressed hits.
+        unsafe {
+            out.indices.set_len(li);
+            out.values.set_len(lv);
+        }
+    }
+}
+
 /// Every entry of `x` with magnitude bits ≥ `threshold`, chunked (in chunk order).
 fn collect(parallel: bool, x: &[f32], threshold: u32) -> Candidates {
+    if !parallel {
+        // One list, filled in order: no per-chunk lists to allocate and concatenate.
+        let mut all = Candidates::default();
+        collect_at_least(x, 0, threshold, &mut all);
+        return all;
+    }
     let parts = map_chunks(parallel, x, |start, chunk| {
         let mut cand = Candidates::default();
         collect_at_least(chunk, start, threshold, &mut cand);
@@ -324,4 +443,60 @@ pub(super) fn sampled(
         return Err(non_finite(residual));
     }
     from_candidates(parallel, residual, cand, k)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The dispatched scan (AVX-512 where the CPU has it) and the portable one push the same
+    /// entries, at every length (remainders included), offset and threshold, NaN and ±inf too.
+    #[test]
+    fn the_simd_and_portable_scans_agree() {
+        let mut rng = SplitMix64::new(7);
+        for len in [0usize, 1, 7, 15, 16, 17, 31, 33, 100, 1000, 4099] {
+            let mut x: Vec<f32> = (0..len)
+                .map(|_| (rng.next_f64() * 2.0 - 1.0) as f32)
+                .collect();
+            if len > 20 {
+                x[3] = f32::NAN;
+                x[5] = f32::INFINITY;
+                x[19] = f32::NEG_INFINITY;
+                x[11] = -0.0;
+            }
+            for start in [0usize, 5, 1 << 20] {
+                for threshold in [
+                    0u32,
+                    0.5f32.to_bits(),
+                    0.99f32.to_bits(),
+                    INF_BITS,
+                    u32::MAX,
+                ] {
+                    // A non-empty `out` whose two vectors differ in length must be appended to.
+                    let seed = Candidates {
+                        indices: vec![1, 2],
+                        values: vec![9.0],
+                    };
+                    let (mut a, mut b) = (seed.clone(), seed);
+                    collect_at_least(&x, start, threshold, &mut a);
+                    collect_at_least_portable(&x, start, threshold, &mut b);
+                    assert_eq!(
+                        a.indices, b.indices,
+                        "len {len} start {start} t {threshold}"
+                    );
+                    let bits =
+                        |c: &Candidates| c.values.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&a), bits(&b), "len {len} start {start} t {threshold}");
+                    // And the portable scan matches the plain definition.
+                    let want: Vec<u32> = x
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, v)| v.to_bits() & ABS >= threshold.min(ABS))
+                        .map(|(i, _)| (start + i) as u32)
+                        .collect();
+                    assert_eq!(b.indices.get(2..).unwrap_or_default(), want.as_slice());
+                }
+            }
+        }
+    }
 }

@@ -123,13 +123,13 @@ fn acceptance(r: &ExperimentReport) -> Value {
             json!(acc("rotation4", "oracle") - acc("rotation4", "kindred") <= 0.01),
         );
     }
-    if let Some(p) = &r.poisoning {
-        if !p.robust_loss.is_empty() {
-            a.insert(
-                "poisoning_robust_loses_at_most_1".into(),
-                json!(p.clean.mean - p.robust.mean <= 0.01),
-            );
-        }
+    if let Some(p) = &r.poisoning
+        && !p.robust_loss.is_empty()
+    {
+        a.insert(
+            "poisoning_robust_loses_at_most_1".into(),
+            json!(p.clean.mean - p.robust.mean <= 0.01),
+        );
     }
     let clustered: Vec<&RowSummary> = r
         .settings

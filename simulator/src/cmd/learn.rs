@@ -221,9 +221,10 @@ pub(crate) fn run(args: &LearnArgs) -> anyhow::Result<()> {
         "peak_rss_mb": peak,
         "policies": last.map_or(json!({}), policy_json),
     });
-    if reports.len() > 1 {
-        if let Some(o) = line.as_object_mut() {
-            o.insert(
+    if reports.len() > 1
+        && let Some(o) = line.as_object_mut()
+    {
+        o.insert(
                 "runs".into(),
                 Value::Array(
                     reports
@@ -232,7 +233,6 @@ pub(crate) fn run(args: &LearnArgs) -> anyhow::Result<()> {
                         .collect(),
                 ),
             );
-        }
     }
     json_line(&line);
     Ok(())

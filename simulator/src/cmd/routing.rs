@@ -317,13 +317,13 @@ pub(crate) fn run(args: &RoutingArgs) -> anyhow::Result<()> {
         .map(|g| g.json(peak))
         .unwrap_or_else(|| json!({}));
     let mut line = headline;
-    if groups.len() > 1 || groups.iter().any(|g| g.runs.len() > 1) {
-        if let Some(o) = line.as_object_mut() {
-            o.insert(
-                "runs".into(),
-                Value::Array(groups.iter().map(|g| g.json(peak)).collect()),
-            );
-        }
+    if (groups.len() > 1 || groups.iter().any(|g| g.runs.len() > 1))
+        && let Some(o) = line.as_object_mut()
+    {
+        o.insert(
+            "runs".into(),
+            Value::Array(groups.iter().map(|g| g.json(peak)).collect()),
+        );
     }
     json_line(&line);
     Ok(())

@@ -113,10 +113,8 @@ impl Timelines {
         let mut toggles = Vec::new();
         offsets.push(0);
         for (i, (up, ts)) in per_node.into_iter().enumerate() {
-            if up {
-                if let Some(w) = initial.get_mut(i / 64) {
-                    *w |= 1 << (i % 64);
-                }
+            if up && let Some(w) = initial.get_mut(i / 64) {
+                *w |= 1 << (i % 64);
             }
             toggles.extend(ts);
             offsets.push(toggles.len() as u32);

@@ -145,7 +145,7 @@ mod tests {
         let ids = Ids::random(3000, 2);
         for t in 0..50u64 {
             let point = kindred_kernels::rng::mix64(t + 1);
-            let alive = |i: u32| i % 3 != 0;
+            let alive = |i: u32| !i.is_multiple_of(3);
             let got = ids.closest(point, 8, alive);
             let mut all: Vec<u32> = (0..3000).filter(|&i| alive(i)).collect();
             all.sort_by_key(|&i| ids.id(i) ^ point);

@@ -492,7 +492,7 @@ mod tests {
     fn departed_nodes_fail_and_refresh_repairs_the_tables() {
         let mut w = World::new(2000, 3);
         // A third of the nodes leave for good at t = 0 (all their routing-table entries stale).
-        let alive = |i: u32| i % 3 != 0;
+        let alive = |i: u32| !i.is_multiple_of(3);
         w.timelines = Timelines::from_fn(2000, |i| !alive(i));
         let before = (0..60u64)
             .map(|t| {

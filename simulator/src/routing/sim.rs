@@ -541,15 +541,15 @@ pub fn run(cfg: &RoutingConfig, progress: ProgressFn<'_>) -> Result<RoutingRepor
                         }
                     }
                     Tag::Query { q, probe } => {
-                        if (q as usize) < recall_queries {
-                            if let Some(rec) = query_recs.get_mut(q as usize) {
-                                rec.found.extend(
-                                    out.provider_at
-                                        .iter()
-                                        .zip(&out.providers)
-                                        .map(|(&at, &p)| (at, p, probe)),
-                                );
-                            }
+                        if (q as usize) < recall_queries
+                            && let Some(rec) = query_recs.get_mut(q as usize)
+                        {
+                            rec.found.extend(
+                                out.provider_at
+                                    .iter()
+                                    .zip(&out.providers)
+                                    .map(|(&at, &p)| (at, p, probe)),
+                            );
                         }
                         key_recs.push(KeyRec {
                             querier: job.querier,

@@ -401,11 +401,11 @@ fn fill(
         while n < k && attempts < 64 * k {
             attempts += 1;
             let e = range.start + rng.below(span as u64) as u32;
-            if usable(e, bucket, n) {
-                if let Some(s) = bucket.get_mut(n) {
-                    *s = e;
-                    n += 1;
-                }
+            if usable(e, bucket, n)
+                && let Some(s) = bucket.get_mut(n)
+            {
+                *s = e;
+                n += 1;
             }
         }
     }
@@ -483,7 +483,7 @@ mod tests {
         let ids = Ids::random(1500, 6);
         let mut t = Tables::converged(&ids, buckets_for(1500), 20, &|_| true, 2);
         // Half the nodes leave; refresh repairs every table.
-        let alive = |i: u32| i % 2 == 0;
+        let alive = |i: u32| i.is_multiple_of(2);
         let mut rng = SplitMix64::new(3);
         let mut removed = 0;
         for node in 0..1500u32 {

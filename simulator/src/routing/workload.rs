@@ -240,10 +240,10 @@ impl Shards {
             }
             let providers = j - i;
             let s = fixed_point(providers, policy, cap);
-            if s > 1 {
-                if let Some(&k) = bv.get(i) {
-                    hot.push((k, s));
-                }
+            if s > 1
+                && let Some(&k) = bv.get(i)
+            {
+                hot.push((k, s));
             }
             i = j;
         }
