@@ -73,10 +73,10 @@ fn torch_times(a: &Args, k: usize) -> HashMap<String, f64> {
     match run {
         Ok(o) if o.status.success() => {
             for line in String::from_utf8_lossy(&o.stdout).lines() {
-                if let Ok(v) = serde_json::from_str::<serde_json::Value>(line) {
-                    if let (Some(k), Some(ms)) = (v["kernel"].as_str(), v["torch_ms"].as_f64()) {
-                        out.insert(k.to_owned(), ms);
-                    }
+                if let Ok(v) = serde_json::from_str::<serde_json::Value>(line)
+                    && let (Some(k), Some(ms)) = (v["kernel"].as_str(), v["torch_ms"].as_f64())
+                {
+                    out.insert(k.to_owned(), ms);
                 }
             }
         }
