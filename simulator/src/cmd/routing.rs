@@ -99,6 +99,9 @@ pub(crate) struct RoutingArgs {
     /// k-bucket size.
     #[arg(long, default_value_t = 20)]
     pub(crate) bucket_size: usize,
+    /// Most providers a round lookup asks for headers (default: kindred-routing's).
+    #[arg(long)]
+    pub(crate) max_providers: Option<usize>,
 }
 
 impl RoutingArgs {
@@ -139,6 +142,9 @@ impl RoutingArgs {
             c.kad.replication = r;
         }
         c.kad.bucket_size = self.bucket_size;
+        if let Some(m) = self.max_providers {
+            c.kad.max_providers = m;
+        }
         Ok(c)
     }
 }
@@ -213,6 +219,7 @@ impl Group {
         });
         if let Some(o) = v.as_object_mut() {
             o.insert(format!("recall_at_{k}"), json!(m(&|r| r.recall)));
+            o.insert("providers_asked".into(), json!(m(&|r| r.providers_asked)));
             if self.runs.len() > 1 {
                 o.insert("hops_p50_sd".into(), json!(s(&|r| r.hops.p50)));
                 o.insert("hops_mean_sd".into(), json!(s(&|r| r.hops.mean)));
@@ -357,6 +364,7 @@ fn write_outputs(dir: &Path, groups: &[Group]) -> anyhow::Result<()> {
         "recall_uncapped",
         "neighbour_cosine",
         "found_same_task",
+        "providers_asked",
         "announce_rpcs_mean",
         "dht_bytes_per_node_round",
         "node_bytes_p50",
@@ -398,6 +406,7 @@ fn write_outputs(dir: &Path, groups: &[Group]) -> anyhow::Result<()> {
                 fmt(r.recall_uncapped),
                 fmt(r.neighbour_cosine),
                 fmt(r.found_same_task),
+                fmt(r.providers_asked),
                 fmt(r.announce_rpcs.mean),
                 fmt(r.dht_bytes_per_node_round),
                 fmt(r.node_bytes.p50),

@@ -207,6 +207,9 @@ pub struct RoutingReport {
     pub neighbour_cosine: f64,
     /// Share of the found top-k in the querier's own task cluster.
     pub found_same_task: f64,
+    /// Mean distinct providers a round lookup asks for headers (those found, up to the cap):
+    /// one header request, and a connection unless one is open, each.
+    pub providers_asked: f64,
     /// Requests per announcement lookup (including the `ADD_PROVIDER` messages).
     pub announce_rpcs: Summary,
     /// Announcement lookups run.
@@ -653,6 +656,7 @@ pub fn run(cfg: &RoutingConfig, progress: ProgressFn<'_>) -> Result<RoutingRepor
         report.recall_by_key_count = avg(&|r| r.by_keys);
         report.neighbour_cosine = avg(&|r| r.kth);
         report.found_same_task = avg(&|r| r.same_task);
+        report.providers_asked = avg(&|r| r.asked);
     }
     report.recall_seconds = recall_start.elapsed().as_secs_f64();
     report.seconds = wall.elapsed().as_secs_f64();
@@ -695,6 +699,8 @@ struct RecallOf {
     kth: f64,
     /// Share of the found top-k in the querier's task.
     same_task: f64,
+    /// Distinct providers asked for headers (found, up to the cap).
+    asked: f64,
 }
 
 /// Recall@k of one round lookup against brute force.
@@ -794,6 +800,12 @@ fn recall_of(
         uncapped: hits(&ranked(probes, usize::MAX)),
         kth: f64::from(kth),
         same_task,
+        asked: {
+            let mut distinct: Vec<u32> = arrivals.iter().map(|f| f.1).collect();
+            distinct.sort_unstable();
+            distinct.dedup();
+            distinct.iter().filter(|&&p| p != q).count().min(max_providers) as f64
+        },
     }
 }
 
