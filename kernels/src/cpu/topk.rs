@@ -378,10 +378,10 @@ mod avx512 {
     }
 }
 
-/// Every entry of `x` with magnitude bits ≥ `threshold`, chunked (in chunk order).
+/// Every entry of `x` with magnitude bits ≥ `threshold`, in index order: one list filled by one
+/// scan on one thread, per-chunk lists concatenated in chunk order on several.
 fn collect(parallel: bool, x: &[f32], threshold: u32) -> Candidates {
     if !parallel {
-        // One list, filled in order: no per-chunk lists to allocate and concatenate.
         let mut all = Candidates::default();
         collect_at_least(x, 0, threshold, &mut all);
         return all;

@@ -804,7 +804,11 @@ fn recall_of(
             let mut distinct: Vec<u32> = arrivals.iter().map(|f| f.1).collect();
             distinct.sort_unstable();
             distinct.dedup();
-            distinct.iter().filter(|&&p| p != q).count().min(max_providers) as f64
+            distinct
+                .iter()
+                .filter(|&&p| p != q)
+                .count()
+                .min(max_providers) as f64
         },
     }
 }
