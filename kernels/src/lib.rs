@@ -13,8 +13,8 @@
 //!
 //! Each kernel has one definition (the [`Kernels`] trait) dispatched through [`Backend`]: a CPU
 //! backend that is always built ([`CpuBackend`]: rayon for large slices, loops shaped so the
-//! compiler vectorises them, and an AVX-512 top-k candidate scan where the CPU has it, detected at
-//! run time) and a CUDA backend ([`cuda::CudaBackend`]) behind the `cuda` feature
+//! compiler vectorises them, and an AVX-512 or AVX2 top-k candidate scan where the CPU has one,
+//! detected at run time) and a CUDA backend ([`cuda::CudaBackend`]) behind the `cuda` feature
 //! and a run-time check ([`Backend::detect`]), so the same binary runs on hosts with and without a
 //! GPU.
 //!
