@@ -103,6 +103,7 @@ pub async fn run(
     routing_config.core.lookup.top_m = config.partners;
     routing_config.core.lookup.probes = config.probes;
     routing_config.core.lookup.timeout = round_len.mul_f64(LOOKUP_BUDGET);
+    raise_open_file_limit(&routing_config);
     let keypair = libp2p::identity::Keypair::from(engine.keypair().clone());
     let (routing, mut events) = spawn_routing(
         keypair,
@@ -401,4 +402,32 @@ async fn run_round(
         }
     });
     Ok(())
+}
+
+/// Raise the soft open-file limit so the routing layer's connection limits can be reached: every
+/// connection is a socket, and at scale a round lookup dials hundreds of providers while as many
+/// peers ask this node for headers. Many systems start processes at a soft limit of 1,024.
+fn raise_open_file_limit(config: &RoutingConfig) {
+    let c = &config.connections;
+    // Sockets at the limits, plus room for the store, the API and the trainer.
+    let wanted = [
+        c.max_established_incoming,
+        c.max_established_outgoing,
+        c.max_pending_incoming,
+        c.max_pending_outgoing,
+    ]
+    .iter()
+    .map(|&n| u64::from(n))
+    .sum::<u64>()
+        + 512;
+    match rlimit::increase_nofile_limit(wanted) {
+        Ok(limit) if limit >= wanted => tracing::debug!(limit, "open-file limit"),
+        Ok(limit) => tracing::warn!(
+            limit,
+            wanted,
+            "the open-file limit is below what the connection limits need; raise the hard \
+             limit (ulimit -Hn, or LimitNOFILE for a service) or connections will fail at scale"
+        ),
+        Err(error) => tracing::warn!(%error, wanted, "could not raise the open-file limit"),
+    }
 }

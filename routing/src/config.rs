@@ -33,9 +33,13 @@ pub struct LookupConfig {
     pub candidates: usize,
     /// Deadline of a whole round lookup; what was found by then is returned. Default 30 s.
     pub timeout: Duration,
-    /// Most distinct providers asked for headers per lookup. Default 256.
+    /// Most distinct providers asked for headers per lookup: each is a header request and a
+    /// connection unless one is open. Default 768. In `kindred-sim routing` at 10^5 nodes a
+    /// round lookup finds about 614 providers (hot bands are sharded), and the nearest five are
+    /// among the first 256 asked only about two times in three (recall@5 0.68, against 0.93
+    /// with 768).
     pub max_providers: usize,
-    /// Header requests in flight per lookup. Default 16.
+    /// Header requests (and the dials they need) in flight per lookup. Default 32.
     pub header_concurrency: usize,
     /// Round lookups in flight per node. Default 8.
     pub max_concurrent: usize,
@@ -50,8 +54,8 @@ impl Default for LookupConfig {
             provider_quorum: 2,
             candidates: 32,
             timeout: Duration::from_secs(30),
-            max_providers: 256,
-            header_concurrency: 16,
+            max_providers: 768,
+            header_concurrency: 32,
             max_concurrent: 8,
         }
     }
@@ -208,9 +212,11 @@ impl Default for TransportConfig {
 /// Connection limits (libp2p `connection-limits`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConnectionConfig {
-    /// Established inbound connections. Default 256.
+    /// Established inbound connections. Default 1024: at scale as many peers as a round lookup
+    /// asks ([`LookupConfig::max_providers`]) may ask this node for headers in one round.
     pub max_established_incoming: u32,
-    /// Established outbound connections. Default 256.
+    /// Established outbound connections. Default 1024 (room for a lookup's
+    /// [`LookupConfig::max_providers`] header requests plus Kademlia's own).
     pub max_established_outgoing: u32,
     /// Established connections per peer. Default 2 (one each way during simultaneous dials).
     pub max_established_per_peer: u32,
@@ -223,8 +229,8 @@ pub struct ConnectionConfig {
 impl Default for ConnectionConfig {
     fn default() -> Self {
         Self {
-            max_established_incoming: 256,
-            max_established_outgoing: 256,
+            max_established_incoming: 1024,
+            max_established_outgoing: 1024,
             max_established_per_peer: 2,
             max_pending_incoming: 64,
             max_pending_outgoing: 64,

@@ -131,10 +131,11 @@ pub enum Output {
         /// The key.
         key: SemanticKey,
     },
-    /// Connect to `peer` now unless already connected: it was just found as a provider, and
-    /// Kademlia keeps a provider's addresses only while the query that found it runs, so a
-    /// request sent after the query ends could not be dialled.
-    Dial {
+    /// `peer` was just found as a provider: note its addresses now, because Kademlia keeps them
+    /// only while the query that found it runs, and the header request that dials it may come
+    /// after that. Nothing is dialled yet: dialling every provider on arrival would open
+    /// hundreds of connections at once at scale.
+    ProviderFound {
         /// The provider.
         peer: PeerId,
         /// The key it provides (its record in the local store, if any, also has addresses).

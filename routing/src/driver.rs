@@ -11,14 +11,16 @@ use std::time::Instant;
 
 use futures::StreamExt;
 use kindred_proto::rpc::RequestId;
+use libp2p::core::Endpoint;
 use libp2p::kad::store::RecordStore;
 use libp2p::kad::{self, GetProvidersOk, QueryId, QueryResult, RecordKey};
 use libp2p::request_response::{self, InboundFailure, OutboundFailure, OutboundRequestId};
 use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
-use libp2p::swarm::{ConnectionId, SwarmEvent};
+use libp2p::swarm::{ConnectionId, NetworkBehaviour, SwarmEvent};
 use libp2p::{PeerId, Swarm, identify};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::addr_book::AddrBook;
 use crate::behaviour::{Behaviour, BehaviourEvent, KAD_PROTOCOL};
 use crate::codec::CodecError;
 use crate::config::RoutingConfig;
@@ -30,6 +32,8 @@ use crate::store::PacketStore;
 
 /// Listen addresses taken from one identify message.
 const MAX_IDENTIFY_ADDRS: usize = 16;
+/// Providers whose addresses are kept for their header requests (several lookups' worth).
+const ADDR_BOOK_PEERS: usize = 8192;
 
 #[derive(Debug, Clone, Copy)]
 enum QueryCtx {
@@ -52,6 +56,7 @@ pub(crate) struct Driver {
     lookup_replies: HashMap<LookupId, oneshot::Sender<Result<Partners, LookupError>>>,
     dials: HashMap<ConnectionId, oneshot::Sender<Result<PeerId, DialError>>>,
     bootstraps: HashMap<QueryId, oneshot::Sender<Result<(), BootstrapError>>>,
+    addr_book: AddrBook,
     dropped_events: u64,
 }
 
@@ -78,6 +83,7 @@ impl Driver {
             lookup_replies: HashMap::new(),
             dials: HashMap::new(),
             bootstraps: HashMap::new(),
+            addr_book: AddrBook::new(ADDR_BOOK_PEERS),
             dropped_events: 0,
         }
     }
@@ -253,14 +259,13 @@ impl Driver {
                         .or_default()
                         .insert(key, id);
                 }
-                Output::Dial { peer, key } => {
+                Output::ProviderFound { peer, key } => {
                     if !self.swarm.is_connected(&peer) {
-                        // Addresses from a provider record this node holds itself, plus (resolved
-                        // now, while the query still runs) those Kademlia learned for the query;
-                        // a dial already under way makes this one a no-op.
-                        let stored: Vec<_> = self
-                            .swarm
-                            .behaviour_mut()
+                        // Addresses from a provider record this node holds itself, plus those
+                        // Kademlia learned for its running queries (asked now, while the query
+                        // that found the provider still runs), kept for the header request.
+                        let behaviour = self.swarm.behaviour_mut();
+                        let stored: Vec<_> = behaviour
                             .kad
                             .store_mut()
                             .providers(&RecordKey::new(&key))
@@ -268,14 +273,16 @@ impl Driver {
                             .filter(|r| r.provider == peer)
                             .flat_map(|r| r.addresses)
                             .collect();
-                        let opts = DialOpts::peer_id(peer)
-                            .addresses(stored)
-                            .extend_addresses_through_behaviour()
-                            .condition(PeerCondition::DisconnectedAndNotDialing)
-                            .build();
-                        if let Err(e) = self.swarm.dial(opts) {
-                            tracing::trace!(%peer, error = %e, "provider dial not started");
-                        }
+                        let learned = NetworkBehaviour::handle_pending_outbound_connection(
+                            &mut behaviour.kad,
+                            ConnectionId::new_unchecked(0),
+                            Some(peer),
+                            &[],
+                            Endpoint::Dialer,
+                        )
+                        .unwrap_or_default();
+                        self.addr_book
+                            .insert(peer, stored.into_iter().chain(learned));
                     }
                 }
                 Output::FinishProviderLookup { lookup, key } => {
@@ -291,6 +298,20 @@ impl Driver {
                     }
                 }
                 Output::SendRequest { peer, request } => {
+                    let known = self.addr_book.get(&peer);
+                    if !known.is_empty() && !self.swarm.is_connected(&peer) {
+                        // Dial with the addresses noted when the peer was found; the request
+                        // below waits for this connection (a dial under way makes its own a
+                        // no-op).
+                        let opts = DialOpts::peer_id(peer)
+                            .addresses(known.to_vec())
+                            .extend_addresses_through_behaviour()
+                            .condition(PeerCondition::DisconnectedAndNotDialing)
+                            .build();
+                        if let Err(e) = self.swarm.dial(opts) {
+                            tracing::trace!(%peer, error = %e, "provider dial not started");
+                        }
+                    }
                     let id = request.id();
                     let out = self.swarm.behaviour_mut().rpc.send_request(&peer, request);
                     self.requests.insert(out, id);

@@ -32,6 +32,7 @@
 //! [`RoutingHandle::restore_replay_marks`]) if replay protection must survive restarts.
 #![deny(clippy::indexing_slicing)]
 
+mod addr_book;
 pub mod behaviour;
 pub mod codec;
 pub mod config;

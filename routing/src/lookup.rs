@@ -363,7 +363,7 @@ impl RoutingCore {
                     );
                     l.queue.push_back(peer);
                     l.stats.providers += 1;
-                    self.outputs.push_back(Output::Dial { peer, key });
+                    self.outputs.push_back(Output::ProviderFound { peer, key });
                 }
                 None => {}
             }

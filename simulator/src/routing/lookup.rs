@@ -45,7 +45,7 @@ pub struct KadParams {
     /// the initiator); 0 runs to Kademlia's own termination. Default 2
     /// (`kindred_routing::LookupConfig::provider_quorum`).
     pub provider_quorum: usize,
-    /// Most distinct providers a round lookup keeps (and asks for headers). Default 256
+    /// Most distinct providers a round lookup keeps (and asks for headers). Default 768
     /// (`kindred_routing::LookupConfig::max_providers`).
     pub max_providers: usize,
 }
