@@ -264,6 +264,8 @@ impl Driver {
                         // Addresses from a provider record this node holds itself, plus those
                         // Kademlia learned for its running queries (asked now, while the query
                         // that found the provider still runs), kept for the header request.
+                        // Kademlia's answer reads only the peer id: the connection id and role
+                        // passed are placeholders, and nothing is dialled.
                         let behaviour = self.swarm.behaviour_mut();
                         let stored: Vec<_> = behaviour
                             .kad
