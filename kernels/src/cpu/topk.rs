@@ -285,6 +285,38 @@ fn collect_at_least_portable(chunk: &[f32], start: usize, threshold: u32, out: &
     }
 }
 
+/// The block structure both SIMD scans share. `scan_block(block, start, out)` is handed blocks of
+/// [`SIMD_BLOCK`] elements, then the whole groups of `group` elements left; each call reserves
+/// room for its whole block first, so every full-width store stays inside the allocation while a
+/// list that collects few hits stays small. The tail shorter than a group goes to the portable
+/// scan.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn scan_in_blocks(
+    chunk: &[f32],
+    start: usize,
+    threshold: u32,
+    group: usize,
+    out: &mut Candidates,
+    mut scan_block: impl FnMut(&[f32], usize, &mut Candidates),
+) {
+    let mut blocks = chunk.chunks_exact(SIMD_BLOCK);
+    let mut base = start;
+    for block in &mut blocks {
+        scan_block(block, base, out);
+        base += SIMD_BLOCK;
+    }
+    let rest = blocks.remainder();
+    let full = rest.len() - rest.len() % group.max(1);
+    let (groups, tail) = rest.split_at(full);
+    scan_block(groups, base, out);
+    collect_at_least_portable(tail, base + full, threshold, out);
+}
+
+/// Elements per reservation of the SIMD scans.
+#[cfg(target_arch = "x86_64")]
+const SIMD_BLOCK: usize = 256;
+
 /// The AVX-512F candidate scan. With the AVX2 one below, this is the crate's only hand-written
 /// SIMD: the scan is the one loop whose cost is set by branches (one per hit), which the compiler
 /// cannot remove and compress (or table-driven permute) instructions do.
@@ -297,11 +329,9 @@ mod avx512 {
         _mm512_setr_epi32, _mm512_storeu_epi32, _mm512_storeu_ps,
     };
 
-    use super::{ABS, Candidates, collect_at_least_portable};
+    use super::{ABS, Candidates, scan_in_blocks};
 
     const GROUP: usize = 16;
-    /// Elements per reservation (16 groups).
-    const BLOCK: usize = 256;
 
     /// Whether this CPU runs AVX-512F and POPCNT (std caches the CPUID answer).
     pub(super) fn available() -> bool {
@@ -325,19 +355,9 @@ mod avx512 {
         let t = _mm512_set1_epi32(threshold.min(ABS) as i32);
         let abs = _mm512_set1_epi32(ABS as i32);
         let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-        // Blocks of a few groups: room for a whole block is reserved before it, so each group's
-        // 16-lane stores stay inside, while a vector that collects few hits stays small.
-        let mut blocks = chunk.chunks_exact(BLOCK);
-        let mut base = start;
-        for block in &mut blocks {
+        scan_in_blocks(chunk, start, threshold, GROUP, out, |block, base, out| {
             scan_block(block, base, t, abs, lanes, out);
-            base += BLOCK;
-        }
-        let rest = blocks.remainder();
-        let full = rest.len() - rest.len() % GROUP;
-        let (groups, tail) = rest.split_at(full);
-        scan_block(groups, base, t, abs, lanes, out);
-        collect_at_least_portable(tail, base + full, threshold, out);
+        });
     }
 
     /// Compress the hits of `block` (a whole number of groups) onto the ends of `out`.
@@ -398,11 +418,9 @@ mod avx2 {
         _mm256_setr_epi32, _mm256_storeu_ps, _mm256_storeu_si256,
     };
 
-    use super::{ABS, Candidates, collect_at_least_portable};
+    use super::{ABS, Candidates, scan_in_blocks};
 
     const GROUP: usize = 8;
-    /// Elements per reservation (32 groups).
-    const BLOCK: usize = 256;
 
     /// For each 8-bit hit mask, the lanes of its set bits in order, then zeros.
     const PACK: [[u32; GROUP]; 256] = pack_table();
@@ -445,17 +463,9 @@ mod avx2 {
         let t = _mm256_set1_epi32(threshold.min(ABS) as i32);
         let abs = _mm256_set1_epi32(ABS as i32);
         let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-        let mut blocks = chunk.chunks_exact(BLOCK);
-        let mut base = start;
-        for block in &mut blocks {
+        scan_in_blocks(chunk, start, threshold, GROUP, out, |block, base, out| {
             scan_block(block, base, t, abs, lanes, out);
-            base += BLOCK;
-        }
-        let rest = blocks.remainder();
-        let full = rest.len() - rest.len() % GROUP;
-        let (groups, tail) = rest.split_at(full);
-        scan_block(groups, base, t, abs, lanes, out);
-        collect_at_least_portable(tail, base + full, threshold, out);
+        });
     }
 
     /// Pack the hits of `block` (a whole number of groups) onto the ends of `out`.
