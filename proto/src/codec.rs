@@ -354,8 +354,8 @@ fn header_from_wire(w: &WireHeader<'_>) -> Result<PacketHeader, DecodeError> {
 
 /// Encode a body without validating it (see [`seal`] for the validating path).
 pub fn encode_body(body: &PacketBody) -> Vec<u8> {
-    let payload_bytes: usize = body.layers.iter().map(encoded_size_hint).sum();
-    let mut out = Vec::with_capacity(payload_bytes + 16 * body.layers.len() + 8);
+    let layer_bytes: usize = body.layers.iter().map(encoded_layer_len).sum();
+    let mut out = Vec::with_capacity(layer_bytes + 5);
     varint::encode_u32(body.layers.len() as u32, &mut out);
     let mut deltas = Vec::new();
     for layer in &body.layers {
@@ -453,16 +453,6 @@ pub fn encoded_layer_len(layer: &LayerPayload) -> usize {
                 + 4
         }
         LayerPayload::Sign(s) => varint::len_u32(s.len) + bytes(s.words.len() * 8) + 4,
-    }
-}
-
-fn encoded_size_hint(layer: &LayerPayload) -> usize {
-    match layer {
-        LayerPayload::Dense(DenseValues::F32(v)) => v.len() * 4,
-        LayerPayload::Dense(DenseValues::F16(v)) => v.len() * 2,
-        LayerPayload::Dense(DenseValues::BF16(v)) => v.len() * 2,
-        LayerPayload::TopK(t) => t.indices.len() * 3,
-        LayerPayload::Sign(s) => s.words.len() * 8,
     }
 }
 
