@@ -555,6 +555,54 @@ fn provider_lookups_end_at_the_quorum() {
     );
 }
 
+/// The driver notes a provider's addresses on `ProviderFound` and dials it with them when its
+/// header request goes out: so each new provider is reported once, before its request, never
+/// the node itself, and no more than the lookup's provider cap.
+#[test]
+fn each_new_provider_is_reported_once_before_its_header_request() {
+    let now = Instant::now();
+    let mut cfg = config();
+    cfg.lookup.max_providers = 2;
+    let mut nodes = cluster(4, 1, &cfg, 9);
+    let (b, c, d) = (nodes[1].peer(), nodes[2].peer(), nodes[3].peer());
+    let a = &mut nodes[0];
+    let own = a.peer();
+    let query = PartnerQuery::new(a.packet.header.clone(), a.margins.clone(), Arc::new(spec()));
+    let id = a.core.start_lookup(query, now).unwrap();
+    let keys: Vec<_> = drain(&mut a.core)
+        .into_iter()
+        .filter_map(|o| match o {
+            Output::GetProviders { key, .. } => Some(key),
+            _ => None,
+        })
+        .collect();
+    assert!(keys.len() >= 2);
+    a.core.handle_providers(id, keys[0], [own, b, b, c, d], now);
+    a.core.handle_providers(id, keys[1], [c, b], now);
+    let out = drain(&mut a.core);
+    let found: Vec<PeerId> = out
+        .iter()
+        .filter_map(|o| match o {
+            Output::ProviderFound { peer, .. } => Some(*peer),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        found,
+        vec![b, c],
+        "once each, in arrival order, up to the cap of 2"
+    );
+    let position = |want: &dyn Fn(&Output) -> bool| out.iter().position(want);
+    for p in [b, c] {
+        let reported = position(&|o| matches!(o, Output::ProviderFound { peer, .. } if *peer == p));
+        let asked = position(&|o| matches!(o, Output::SendRequest { peer, .. } if *peer == p));
+        assert!(
+            reported.is_some() && asked.is_some() && reported < asked,
+            "{p}: reported at {reported:?}, asked at {asked:?}"
+        );
+    }
+}
+
 #[test]
 fn hot_bands_are_sharded_in_the_next_window() {
     let now = Instant::now();
