@@ -21,10 +21,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::Context;
 use kindred_proto::PacketId;
 use kindred_routing::{
-    NetworkId, PacketStore, PartnerQuery, RoutingConfig, RoutingHandle, spawn as spawn_routing,
+    Discovery, NetworkId, PacketStore, PartnerQuery, RoutingConfig, RoutingHandle,
+    spawn as spawn_routing,
 };
-use libp2p::Multiaddr;
 use libp2p::pnet::PreSharedKey;
+use libp2p::{Multiaddr, PeerId};
 use tokio::sync::{mpsc, watch};
 
 use crate::api::{self, MAX_HISTORY, RoundRecord, Shared, Status};
@@ -104,6 +105,12 @@ pub async fn run(
     routing_config.core.lookup.probes = config.probes;
     routing_config.core.lookup.timeout = round_len.mul_f64(LOOKUP_BUDGET);
     raise_open_file_limit(&routing_config);
+    let mut following = Following {
+        discovery: routing_config.core.discovery,
+        min_cosine: routing_config.core.lookup.min_cosine,
+        peers: Vec::new(),
+        rounds_run: 0,
+    };
     let keypair = libp2p::identity::Keypair::from(engine.keypair().clone());
     let (routing, mut events) = spawn_routing(
         keypair,
@@ -176,7 +183,9 @@ pub async fn run(
         }
         let start = round * t_ms;
         let step = tokio::select! {
-            r = run_round(&mut engine, &routing, &shared, &mut updates_rx, round, start, t_ms) => r,
+            r = run_round(
+                &mut engine, &routing, &shared, &mut updates_rx, &mut following, round, start, t_ms,
+            ) => r,
             _ = shutdown.wait_for(|s| *s) => {
                 tracing::info!(round, "shutting down: abandoning the round in progress");
                 break;
@@ -248,11 +257,24 @@ async fn sleep_until_ms(t: u64) {
 }
 
 /// One round; see the module docs for the schedule.
+/// Whom the node follows between discovery rounds ([`Discovery`]).
+#[derive(Debug)]
+struct Following {
+    discovery: Discovery,
+    min_cosine: f32,
+    /// The best peers of the last lookup.
+    peers: Vec<PeerId>,
+    /// Rounds whose lookup has run.
+    rounds_run: u64,
+}
+
+#[allow(clippy::too_many_arguments)]
 async fn run_round(
     engine: &mut Engine,
     routing: &RoutingHandle,
     shared: &Shared,
     updates: &mut mpsc::Receiver<ExternalUpdate>,
+    following: &mut Following,
     round: u64,
     start: u64,
     t_ms: u64,
@@ -275,16 +297,29 @@ async fn run_round(
 
     sleep_until_ms(start + (t_ms as f64 * LOOKUP_AT) as u64).await;
     let lookup_began = std::time::Instant::now();
-    let query = PartnerQuery::new(
+    let searched = following
+        .discovery
+        .searches(round, following.rounds_run, following.peers.len());
+    let mut query = PartnerQuery::new(
         out.packet.header.clone(),
         out.margins.clone(),
         engine.spec().clone(),
     );
+    if !searched {
+        query = query.following(following.peers.clone());
+    }
+    following.rounds_run += 1;
     let budget = Duration::from_millis((t_ms as f64 * LOOKUP_BUDGET) as u64 + 200);
     let mut candidates = Vec::new();
     let found = match tokio::time::timeout(budget, routing.find_partners(query)).await {
         Ok(Ok(p)) => {
             candidates = p.candidates.iter().map(|c| c.cosine).collect();
+            following.peers = following.discovery.next_follow(
+                p.candidates
+                    .iter()
+                    .map(|c| (c.header.header().sender, c.cosine)),
+                following.min_cosine,
+            );
             tracing::debug!(round, stats = ?p.stats, "lookup");
             p.packets
         }
@@ -372,6 +407,7 @@ async fn run_round(
         partners = report.partners.len(),
         rejected = report.rejected.len(),
         candidates = candidates.len(),
+        searched,
         best_cosine = candidates
             .first()
             .map(|c| format!("{c:.2}"))

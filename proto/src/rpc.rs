@@ -79,20 +79,29 @@ pub enum HeaderQuery {
     Keys(Vec<[u8; 32]>),
     /// Headers with these packet ids.
     Ids(Vec<PacketId>),
+    /// The responder's newest own header: how a node follows a partner it already found,
+    /// between the rounds in which it searches the DHT.
+    Latest,
 }
 
 impl HeaderQuery {
-    /// Number of keys or ids named.
+    /// Number of keys or ids named (0 for [`HeaderQuery::Latest`]).
     pub fn len(&self) -> usize {
         match self {
             Self::Keys(k) => k.len(),
             Self::Ids(i) => i.len(),
+            Self::Latest => 0,
         }
     }
 
-    /// Whether the query names nothing (such a query is invalid on the wire).
+    /// Whether a key or id query names nothing (such a query is invalid on the wire).
+    /// [`HeaderQuery::Latest`] names nothing by design and is never empty.
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        match self {
+            Self::Keys(k) => k.is_empty(),
+            Self::Ids(i) => i.is_empty(),
+            Self::Latest => false,
+        }
     }
 }
 
@@ -244,6 +253,9 @@ enum WireRequest<'a> {
     HeadersByKeys { id: u64, keys: &'a [u8] },
     HeadersByIds { id: u64, ids: &'a [u8] },
     Body { id: u64, packet: [u8; 32] },
+    // Appended last: postcard numbers variants in order, so the earlier encodings stay as
+    // they were.
+    HeadersLatest { id: u64 },
 }
 
 #[derive(Serialize, Deserialize)]
@@ -317,6 +329,10 @@ impl RpcRequest {
     /// Length of [`RpcRequest::encode`]'s output, computed without encoding.
     pub fn encoded_len(&self) -> usize {
         match self {
+            Self::GetHeaders {
+                id,
+                query: HeaderQuery::Latest,
+            } => 1 + varint_len(id.0),
             Self::GetHeaders { id, query } => {
                 let bytes = query.len() * KEY_LEN;
                 1 + varint_len(id.0) + varint_len(bytes as u64) + bytes
@@ -344,6 +360,7 @@ impl RpcRequest {
                 let packed: Cow<'_, [u8]> = match query {
                     HeaderQuery::Keys(keys) => Cow::Borrowed(keys.as_flattened()),
                     HeaderQuery::Ids(ids) => Cow::Owned(ids.iter().flat_map(|p| p.0).collect()),
+                    HeaderQuery::Latest => Cow::Borrowed(&[]),
                 };
                 let wire = match query {
                     HeaderQuery::Keys(_) => WireRequest::HeadersByKeys {
@@ -354,6 +371,7 @@ impl RpcRequest {
                         id: id.0,
                         ids: &packed,
                     },
+                    HeaderQuery::Latest => WireRequest::HeadersLatest { id: id.0 },
                 };
                 Ok(postcard::to_extend(&wire, out).unwrap_or_default())
             }
@@ -394,6 +412,10 @@ impl RpcRequest {
             WireRequest::Body { id, packet } => Self::GetBody {
                 id: RequestId(id),
                 packet: PacketId(packet),
+            },
+            WireRequest::HeadersLatest { id } => Self::GetHeaders {
+                id: RequestId(id),
+                query: HeaderQuery::Latest,
             },
         })
     }

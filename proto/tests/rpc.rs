@@ -13,6 +13,7 @@ fn arb_query() -> impl Strategy<Value = HeaderQuery> {
         prop::collection::vec(any::<[u8; 32]>(), 1..=MAX_QUERY_ITEMS).prop_map(HeaderQuery::Keys),
         prop::collection::vec(any::<[u8; 32]>().prop_map(PacketId), 1..=40)
             .prop_map(HeaderQuery::Ids),
+        Just(HeaderQuery::Latest),
     ]
 }
 
@@ -172,7 +173,7 @@ fn key_list_limits() {
 #[test]
 fn unknown_tags_are_malformed() {
     assert!(matches!(
-        RpcRequest::decode(&[3, 0]),
+        RpcRequest::decode(&[4, 0]),
         Err(RpcDecodeError::Malformed { .. })
     ));
     assert!(matches!(
@@ -299,4 +300,26 @@ fn sealed_headers_survive_the_trip() {
     assert_eq!(id, RequestId(99));
     let header = decode_header(&headers[0]).unwrap();
     assert_eq!(header.id(), packet.id());
+}
+
+#[test]
+fn a_latest_query_is_two_bytes_and_leaves_older_encodings_alone() {
+    let latest = RpcRequest::GetHeaders {
+        id: RequestId(5),
+        query: HeaderQuery::Latest,
+    };
+    let bytes = latest.encode().unwrap();
+    // Variant 3 (appended after the key, id and body requests), then the id.
+    assert_eq!(bytes, vec![3, 5]);
+    assert_eq!(bytes.len(), latest.encoded_len());
+    assert_eq!(RpcRequest::decode(&bytes).unwrap(), latest);
+    assert!(!HeaderQuery::Latest.is_empty());
+    // The key query still encodes as variant 0.
+    let keys = RpcRequest::GetHeaders {
+        id: RequestId(5),
+        query: HeaderQuery::Keys(vec![[9; 32]]),
+    };
+    assert_eq!(keys.encode().unwrap()[0], 0);
+    // Trailing bytes after a latest query are refused.
+    assert!(RpcRequest::decode(&[3, 5, 0]).is_err());
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 use libp2p::Multiaddr;
 use libp2p::pnet::PreSharedKey;
 
+use crate::discovery::Discovery;
 use crate::keys::{KeyConfig, NetworkId, ShardPolicy};
 use crate::scoring::ScoreConfig;
 
@@ -68,8 +69,9 @@ pub struct CoreConfig {
     pub network: NetworkId,
     /// LSH band layout. Default 16 × 16.
     pub keys: KeyConfig,
-    /// Rounds per key window. Default 1: keys change every round.
-    pub window_len: u64,
+    /// When the node searches the DHT and when key windows open ([`Discovery`]). Default:
+    /// rounds 0, 1 and 2, then every 10th; the 10 best peers are followed in between.
+    pub discovery: Discovery,
     /// Windows whose announcements and indexed headers are kept. Default 2 (the current and the
     /// previous one, so a lookup racing a window change still finds its peers).
     pub retain_windows: u64,
@@ -94,7 +96,7 @@ impl CoreConfig {
         Self {
             network,
             keys: KeyConfig::default(),
-            window_len: 1,
+            discovery: Discovery::default(),
             retain_windows: 2,
             lookup: LookupConfig::default(),
             shards: ShardPolicy::default(),

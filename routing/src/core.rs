@@ -266,6 +266,9 @@ pub struct RoutingCore {
     /// Keys this node announced, by window, for serving `GetHeaders` by key.
     pub(crate) announced: BTreeMap<RoundWindow, Vec<SemanticKey>>,
     pub(crate) by_key: HashMap<SemanticKey, Vec<PacketId>>,
+    /// The node's newest own packet, served to peers that follow it
+    /// ([`kindred_proto::rpc::HeaderQuery::Latest`]).
+    pub(crate) latest_own: Option<PacketId>,
     pub(crate) announces: HashMap<AnnounceId, AnnounceState>,
     pub(crate) lookups: HashMap<LookupId, Lookup>,
     pub(crate) pending: HashMap<RequestId, Pending>,
@@ -286,6 +289,7 @@ impl RoutingCore {
             hot: HotBands::default(),
             announced: BTreeMap::new(),
             by_key: HashMap::new(),
+            latest_own: None,
             announces: HashMap::new(),
             lookups: HashMap::new(),
             pending: HashMap::new(),
@@ -342,7 +346,7 @@ impl RoutingCore {
     }
 
     pub(crate) fn window_of(&self, round: u64) -> RoundWindow {
-        RoundWindow::of(round, self.config.window_len)
+        self.config.discovery.window(round)
     }
 
     /// The next action to carry out, if any.
@@ -377,6 +381,10 @@ impl RoutingCore {
     }
 
     /// Announce the node's own packet: publish it under its band keys for its round window.
+    ///
+    /// Only the first packet of a window is published in the DHT; a later one of the same window
+    /// ([`crate::Discovery`]) replaces the earlier under the keys it shares with it, is served
+    /// to followers, and finishes at once with `keys: 0`.
     ///
     /// Each band key is replaced by one of its shards when the band is known to be hot. Emits one
     /// [`Output::StartProviding`] per key, and [`Output::StopProviding`] for keys of windows that
@@ -413,6 +421,29 @@ impl RoutingCore {
             let shards = self.hot.shards(band as u16, value);
             let shard = announce_shard(&self.local_bytes, &base, shards);
             keys.push(crate::keys::shard_key(&base, shard));
+        }
+        self.latest_own = Some(header.id());
+        if let Some(in_window) = self.announced.get(&window) {
+            // Announced earlier in this window: no new DHT records. The keys this packet still
+            // carries serve it from now on; the others keep serving the older packet, whose
+            // band values they stand for.
+            let mut kept = 0;
+            for key in keys.iter().filter(|k| in_window.contains(k)) {
+                self.by_key.insert(*key, vec![header.id()]);
+                kept += 1;
+            }
+            let id = AnnounceId(self.next_id());
+            self.outputs.push_back(Output::AnnounceFinished {
+                announce: id,
+                report: AnnounceReport {
+                    packet: header.id(),
+                    window,
+                    keys: 0,
+                    failed: 0,
+                },
+            });
+            tracing::debug!(packet = %header.id(), ?window, kept, "window already announced");
+            return Ok(id);
         }
         for key in &keys {
             let ids = self.by_key.entry(*key).or_default();

@@ -23,6 +23,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use hnsw_rs::prelude::{DistCosine, Hnsw};
 use kindred_proto::{Embedding, MAX_SKETCH_LEN, PacketId, VerifiedHeader};
+use libp2p::PeerId;
 
 use crate::keys::RoundWindow;
 
@@ -73,6 +74,12 @@ impl IndexError {
 struct Graph {
     hnsw: Hnsw<'static, f32, DistCosine>,
     entries: Vec<IndexedHeader>,
+    /// Per sender, the slot of its newest header: a window spans several rounds when the node
+    /// follows its partners between discovery rounds, and only a sender's newest update is a
+    /// candidate. HNSW cannot delete, so older slots stay in the graph and are skipped.
+    newest: HashMap<PeerId, usize>,
+    /// Slots that a newer header of the same sender replaced.
+    superseded: usize,
 }
 
 /// Headers by round window, searchable by cosine.
@@ -150,11 +157,25 @@ impl SemanticIndex {
                 DistCosine,
             ),
             entries: Vec::new(),
+            newest: HashMap::new(),
+            superseded: 0,
         });
         if graph.entries.len() >= max {
             return Err(IndexError::Full(max));
         }
         let slot = graph.entries.len();
+        let h = header.header();
+        let round_of = |slot: usize| graph.entries.get(slot).map(|e| e.header.header().round);
+        match graph.newest.get(&h.sender).copied() {
+            Some(old) if round_of(old).is_some_and(|r| r > h.round) => graph.superseded += 1,
+            Some(_) => {
+                graph.superseded += 1;
+                graph.newest.insert(h.sender, slot);
+            }
+            None => {
+                graph.newest.insert(h.sender, slot);
+            }
+        }
         graph.hnsw.insert((&vector, slot));
         self.by_id.insert(header.id(), (window, dim, slot));
         graph.entries.push(IndexedHeader {
@@ -165,7 +186,7 @@ impl SemanticIndex {
     }
 
     /// The up to `k` indexed headers of `window` nearest to `sketch`, best first, with their
-    /// exact sketch cosine.
+    /// exact sketch cosine. Only each sender's newest header of the window is returned.
     pub fn nearest(
         &self,
         window: RoundWindow,
@@ -185,15 +206,32 @@ impl SemanticIndex {
             sketch: sketch.to_vec(),
             ..Embedding::default()
         };
+        // Ask for enough neighbours that `k` remain once superseded headers are skipped.
+        let want = k.saturating_add(graph.superseded).min(graph.entries.len());
         let mut found: Vec<(&IndexedHeader, f32)> = graph
             .hnsw
-            .search(&query, k, EF_SEARCH.max(2 * k))
+            .search(&query, want, EF_SEARCH.max(2 * want))
             .into_iter()
+            .filter(|n| {
+                graph
+                    .entries
+                    .get(n.d_id)
+                    .is_some_and(|e| graph.newest.get(&e.header.header().sender) == Some(&n.d_id))
+            })
             .filter_map(|n| graph.entries.get(n.d_id))
             .map(|e| (e, probe.cosine(&e.header.header().embedding)))
             .collect();
         found.sort_by(|a, b| b.1.total_cmp(&a.1));
+        found.truncate(k);
         found
+    }
+
+    /// The newest header `sender` has in `window`, if any.
+    pub fn newest(&self, window: RoundWindow, sender: &PeerId) -> Option<&IndexedHeader> {
+        self.graphs
+            .range((window, 0)..=(window, usize::MAX))
+            .filter_map(|(_, g)| g.newest.get(sender).and_then(|&slot| g.entries.get(slot)))
+            .max_by_key(|e| e.header.header().round)
     }
 
     /// The indexed header with this id.

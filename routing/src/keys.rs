@@ -67,25 +67,13 @@ impl NetworkId {
     }
 }
 
-/// A window of consecutive rounds under which keys are announced and looked up.
+/// A window of consecutive rounds under which keys are announced and looked up, named by its
+/// first round ([`crate::Discovery::window`] says which window a round is in).
 ///
 /// Keys change with the window, so stale announcements stop matching on their own and the DHT
-/// never accumulates providers across rounds.
+/// never accumulates providers across windows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RoundWindow(pub u64);
-
-impl RoundWindow {
-    /// The window containing `round` when windows are `len` rounds long (`len` 0 counts as 1).
-    ///
-    /// ```
-    /// use kindred_routing::keys::RoundWindow;
-    /// assert_eq!(RoundWindow::of(7, 4), RoundWindow(1));
-    /// assert_eq!(RoundWindow::of(7, 0), RoundWindow(7));
-    /// ```
-    pub fn of(round: u64, len: u64) -> Self {
-        Self(round / len.max(1))
-    }
-}
 
 /// How a SimHash is cut into bands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -37,6 +37,7 @@ pub mod behaviour;
 pub mod codec;
 pub mod config;
 pub mod core;
+pub mod discovery;
 mod driver;
 mod handle;
 pub mod index;
@@ -54,6 +55,7 @@ pub use config::{
     TransportKind,
 };
 pub use core::{AnnounceError, AnnounceId, AnnounceReport, Output, RequestFailure, RoutingCore};
+pub use discovery::Discovery;
 pub use handle::{
     BootstrapError, DialError, NodeInfo, ReplayMark, RoutingEvent, RoutingHandle, SpawnError, spawn,
 };

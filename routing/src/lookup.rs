@@ -31,6 +31,7 @@ use kindred_proto::{
 use libp2p::PeerId;
 
 use crate::core::{Output, Pending, RequestFailure, RoutingCore, Want};
+use crate::index::IndexedHeader;
 use crate::keys::{KeyContext, ProbeError, ProbeSequence, RoundWindow, SemanticKey, shard_key};
 use crate::replay::Admission;
 use crate::scoring::Severity;
@@ -55,6 +56,10 @@ pub struct PartnerQuery {
     pub top_m: Option<usize>,
     /// Minimum cosine for a body fetch; `None` uses the configured default.
     pub min_cosine: Option<f32>,
+    /// Peers to follow instead of searching the DHT ([`crate::Discovery`]). Empty (the default):
+    /// a full lookup. Otherwise no key is looked up: each of these peers is asked for its newest
+    /// header, and only they are ranked and fetched from.
+    pub follow: Vec<PeerId>,
 }
 
 impl PartnerQuery {
@@ -67,7 +72,14 @@ impl PartnerQuery {
             probes: None,
             top_m: None,
             min_cosine: None,
+            follow: Vec::new(),
         }
+    }
+
+    /// Follow `peers` instead of searching the DHT (see [`PartnerQuery::follow`]).
+    pub fn following(mut self, peers: Vec<PeerId>) -> Self {
+        self.follow = peers;
+        self
     }
 }
 
@@ -208,6 +220,8 @@ pub(crate) struct Lookup {
     bodies_in_flight: usize,
     packets: Vec<FetchedPacket>,
     stats: LookupStats,
+    /// The peers followed, when this lookup follows instead of searching the DHT.
+    followed: Option<HashSet<PeerId>>,
 }
 
 impl RoutingCore {
@@ -241,6 +255,9 @@ impl RoutingCore {
         let window = self.window_of(h.round);
         let ctx = KeyContext::new(self.config.network, h.model, window, self.config.keys);
 
+        if !query.follow.is_empty() {
+            return Ok(self.start_following(query, top_m, min_cosine, window, now));
+        }
         // Band values: the signature's own, then the probes'.
         let mut origins: Vec<(u16, u64)> = (0..ctx.config().bands())
             .map(|b| (b as u16, ctx.config().band_value(&h.embedding.simhash, b)))
@@ -307,10 +324,81 @@ impl RoutingCore {
                 bodies_in_flight: 0,
                 packets: Vec::new(),
                 stats,
+                followed: None,
             },
         );
         self.advance(id, now);
         Ok(id)
+    }
+
+    /// A lookup that asks the followed peers for their newest headers instead of searching
+    /// the DHT.
+    fn start_following(
+        &mut self,
+        query: PartnerQuery,
+        top_m: usize,
+        min_cosine: f32,
+        window: RoundWindow,
+        now: Instant,
+    ) -> LookupId {
+        let max_providers = self.config.lookup.max_providers;
+        let mut followed = HashSet::new();
+        let mut queue = VecDeque::new();
+        let mut providers = HashMap::new();
+        for peer in query.follow {
+            if peer == self.local || followed.len() >= max_providers || !followed.insert(peer) {
+                continue;
+            }
+            queue.push_back(peer);
+            providers.insert(
+                peer,
+                ProviderState {
+                    keys: Vec::new(),
+                    status: ProviderStatus::Queued,
+                },
+            );
+        }
+        let id = LookupId(self.next_id());
+        self.index.advance(window);
+        self.metrics.lookups_started += 1;
+        tracing::debug!(
+            lookup = id.0,
+            ?window,
+            peers = queue.len(),
+            "following partners"
+        );
+        let model = query.header.header().model;
+        self.lookups.insert(
+            id,
+            Lookup {
+                deadline: now + self.config.lookup.timeout,
+                started: now,
+                window,
+                model,
+                own: query.header,
+                spec: query.spec,
+                top_m,
+                min_cosine,
+                shards_used: HashMap::new(),
+                keys_pending: 0,
+                keys: HashMap::new(),
+                providers,
+                queue,
+                headers_in_flight: 0,
+                phase: Phase::Discover,
+                candidates: Vec::new(),
+                body_queue: VecDeque::new(),
+                bodies_in_flight: 0,
+                packets: Vec::new(),
+                stats: LookupStats {
+                    providers: followed.len() as u32,
+                    ..LookupStats::default()
+                },
+                followed: Some(followed),
+            },
+        );
+        self.advance(id, now);
+        id
     }
 
     /// Providers reported for `key` by lookup `lookup`: one call per DHT response (Kademlia's
@@ -544,6 +632,11 @@ impl RoutingCore {
         if self.window_of(h.round) != l.window {
             return Err(("wrong_window", Severity::Minor));
         }
+        // A followed peer's newest header needs no key: the peer was found, and its header
+        // checked against a key, in an earlier lookup.
+        if keys.is_empty() && l.followed.as_ref().is_some_and(|f| f.contains(&peer)) {
+            return Ok(header);
+        }
         // The header must carry the band value of at least one key it was served under.
         let bands = self.config.keys;
         let matches = keys.iter().any(|k| {
@@ -639,6 +732,10 @@ impl RoutingCore {
     pub(crate) fn send(&mut self, lookup: LookupId, peer: PeerId, want: Want) {
         let id = RequestId(self.next_id());
         let request = match &want {
+            Want::Headers { keys } if keys.is_empty() => RpcRequest::GetHeaders {
+                id,
+                query: HeaderQuery::Latest,
+            },
             Want::Headers { keys } => RpcRequest::GetHeaders {
                 id,
                 query: HeaderQuery::Keys(keys.clone()),
@@ -721,9 +818,23 @@ impl RoutingCore {
             return;
         };
         let own = l.own.header();
-        l.candidates = self
-            .index
-            .nearest(l.window, &own.embedding.sketch, limit + 1)
+        let found: Vec<(&IndexedHeader, f32)> = match &l.followed {
+            // Following: the followed peers' newest headers, however far down the window's
+            // index they rank.
+            Some(followed) => {
+                let mut f: Vec<_> = followed
+                    .iter()
+                    .filter_map(|p| self.index.newest(l.window, p))
+                    .map(|e| (e, own.embedding.cosine(&e.header.header().embedding)))
+                    .collect();
+                f.sort_by(|a, b| b.1.total_cmp(&a.1));
+                f
+            }
+            None => self
+                .index
+                .nearest(l.window, &own.embedding.sketch, limit + 1),
+        };
+        l.candidates = found
             .into_iter()
             .filter(|(e, _)| {
                 let h = e.header.header();

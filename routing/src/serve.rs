@@ -4,6 +4,8 @@
 //! - `GetHeaders` by key returns only headers this node *announced* under those keys (its own
 //!   packets, for retained windows), so a node never answers for keys it does not provide;
 //! - `GetHeaders` by id returns stored headers by id;
+//! - `GetHeaders` for the latest returns the node's newest own packet's header (to peers that
+//!   follow it between discovery rounds);
 //! - a body goes out only as the answer to a `GetBody` naming its id: nothing is ever pushed.
 //!
 //! Banned peers get [`RpcErrorCode::Refused`]; every request and response is counted per kind
@@ -55,6 +57,7 @@ impl RoutingCore {
                             ids
                         }
                         HeaderQuery::Ids(ids) => ids.clone(),
+                        HeaderQuery::Latest => self.latest_own.into_iter().collect(),
                     };
                     // Never send what the peer's decoder would refuse (a corrupt store entry).
                     let headers = ids

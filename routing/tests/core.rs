@@ -167,7 +167,8 @@ fn a_lookup_finds_ranks_and_fetches_a_similar_peer() {
         },
     );
     assert!(others.iter().all(|o| !matches!(o, Output::Ban { .. })));
-    assert_eq!(partners.window, RoundWindow(3));
+    // Round 3 is past the warm-up, so it belongs to the window that opened at round 2.
+    assert_eq!(partners.window, RoundWindow(2));
     assert_eq!(partners.candidates.len(), 1);
     assert_eq!(partners.packets.len(), 1);
     let got = &partners.packets[0];
@@ -402,7 +403,11 @@ fn network_failures_are_counted_but_not_scored() {
 fn replays_and_mismatched_headers_are_dropped() {
     let now = Instant::now();
     let mut cfg = config();
-    cfg.window_len = 10; // rounds 20..29 share a window
+    cfg.discovery = kindred_routing::Discovery {
+        warmup_rounds: 0,
+        every_rounds: 10,
+        follow: 10,
+    }; // rounds 20..29 share a window
     let mut nodes = cluster(2, 25, &cfg, 5);
     let keys_b = announce(&mut nodes[1], now);
     let b_key = nodes[1].key.clone();
@@ -725,4 +730,117 @@ fn the_index_ranks_by_cosine_and_evicts_whole_windows() {
         small.insert(RoundWindow(0), sealed[3].header.clone(), vec![]),
         Err(IndexError::Full(3))
     );
+}
+
+#[test]
+fn between_discovery_rounds_a_node_follows_its_partners_without_the_dht() {
+    let now = Instant::now();
+    let cfg = config();
+    // Round 2 is the last warm-up discovery round; rounds 3..9 share its window.
+    let mut nodes = cluster(3, 2, &cfg, 11);
+    let keys_b = announce(&mut nodes[1], now);
+    let keys_c = announce(&mut nodes[2], now);
+    let (b_peer, c_peer) = (nodes[1].peer(), nodes[2].peer());
+    let (first, rest) = nodes.split_at_mut(1);
+    let a = &mut first[0];
+    let query = PartnerQuery::new(a.packet.header.clone(), a.margins.clone(), Arc::new(spec()));
+    let (found, _) = run_lookup(
+        &mut a.core,
+        query,
+        &[(b_peer, keys_b.clone()), (c_peer, keys_c)],
+        now,
+        |peer, req| {
+            let node = rest.iter_mut().find(|n| n.peer() == peer).unwrap();
+            Ok(serve(node, peer_of(&a.key), req, now))
+        },
+    );
+    assert_eq!(found.window, RoundWindow(2));
+    let discovery = kindred_routing::Discovery::default();
+    let follow = discovery.next_follow(
+        found
+            .candidates
+            .iter()
+            .map(|c| (c.header.header().sender, c.cosine)),
+        0.0,
+    );
+    assert_eq!(follow.len(), 2);
+    assert!(!discovery.searches(3, 3, follow.len()));
+
+    // Round 3: B seals a new packet. Its window was announced already: no DHT record.
+    let b = &mut rest[0];
+    let embedding = b.packet.header.header().embedding.clone();
+    b.packet = packet(&b.key, 3, embedding, 7.0);
+    b.store.insert(&b.packet);
+    b.core.announce(&b.packet.header, now).unwrap();
+    let outs = drain(&mut b.core);
+    assert!(
+        matches!(outs.as_slice(), [Output::AnnounceFinished { report, .. }] if report.keys == 0),
+        "{outs:?}"
+    );
+    // Keys B still carries now serve its round-3 packet.
+    let by_key = RpcRequest::GetHeaders {
+        id: RequestId(1),
+        query: HeaderQuery::Keys(keys_b.clone()),
+    };
+    let RpcResponse::Headers { headers, .. } = serve(b, peer_of(&a.key), &by_key, now) else {
+        panic!("headers expected");
+    };
+    assert_eq!(headers, vec![b.packet.header_bytes.clone()]);
+
+    // A, at round 3, follows B and C: no provider lookup, one `Latest` request each.
+    a.packet = packet(&a.key, 3, a.packet.header.header().embedding.clone(), 0.5);
+    let query = PartnerQuery::new(a.packet.header.clone(), a.margins.clone(), Arc::new(spec()))
+        .following(follow.clone());
+    let mut asked = Vec::new();
+    let (partners, others) = run_lookup(&mut a.core, query, &[], now, |peer, req| {
+        if let RpcRequest::GetHeaders { query, .. } = req {
+            assert_eq!(query, &HeaderQuery::Latest);
+            asked.push(peer);
+        }
+        let node = rest.iter_mut().find(|n| n.peer() == peer).unwrap();
+        Ok(serve(node, peer_of(&a.key), req, now))
+    });
+    assert!(!others.iter().any(|o| matches!(
+        o,
+        Output::GetProviders { .. } | Output::ProviderFound { .. } | Output::Ban { .. }
+    )));
+    asked.sort();
+    let mut want = vec![b_peer, c_peer];
+    want.sort();
+    assert_eq!(asked, want);
+    assert_eq!(partners.stats.key_lookups, 0);
+    assert_eq!(partners.window, RoundWindow(2));
+    // Each sender once: B's newest (round 3) packet, and C's round-2 one (its newest).
+    assert_eq!(partners.candidates.len(), 2);
+    let b_got = partners
+        .packets
+        .iter()
+        .find(|p| p.packet.header.header().sender == b_peer)
+        .expect("B fetched");
+    assert_eq!(b_got.packet.header.header().round, 3);
+    assert_eq!(b_got.packet.id(), rest[0].packet.id());
+}
+
+#[test]
+fn a_followed_peer_cannot_answer_for_someone_else() {
+    let now = Instant::now();
+    let cfg = config();
+    let mut nodes = cluster(3, 5, &cfg, 12);
+    let (b_peer, c_header) = (nodes[1].peer(), nodes[2].packet.header_bytes.clone());
+    let a = &mut nodes[0];
+    let query = PartnerQuery::new(a.packet.header.clone(), a.margins.clone(), Arc::new(spec()))
+        .following(vec![b_peer, a.core.local_peer()]);
+    let mut requests = 0;
+    let (partners, _) = run_lookup(&mut a.core, query, &[], now, |peer, req| {
+        requests += 1;
+        assert_eq!(peer, b_peer, "the node never asks itself");
+        // B answers with C's (validly signed) header.
+        Ok(RpcResponse::Headers {
+            id: req.id(),
+            headers: vec![c_header.clone()],
+        })
+    });
+    assert_eq!(requests, 1);
+    assert!(partners.candidates.is_empty());
+    assert_eq!(a.core.metrics().rejects.get("foreign_sender"), Some(&1));
 }

@@ -54,6 +54,10 @@ pub(crate) struct LearnArgs {
     /// Multi-probe keys per round lookup (default: kindred-routing's).
     #[arg(long)]
     pub(crate) probes: Option<usize>,
+    /// Semantic nodes search the DHT in rounds 0-2 and then every this many rounds, following
+    /// their best partners in between (default: kindred-routing's 10; 1 searches every round).
+    #[arg(long)]
+    pub(crate) discovery_every: Option<u64>,
     /// Honest nodes tracked every round (all are evaluated at the end).
     #[arg(long, default_value_t = 64)]
     pub(crate) eval_nodes: usize,
@@ -84,6 +88,12 @@ impl LearnArgs {
         }
         if let Some(p) = self.probes {
             c.probes = p;
+        }
+        match self.discovery_every {
+            Some(0) => anyhow::bail!("--discovery-every must be at least 1"),
+            Some(1) => c.discovery = kindred_routing::Discovery::EVERY_ROUND,
+            Some(every) => c.discovery.every_rounds = every,
+            None => {}
         }
         c.eval_nodes = self.eval_nodes;
         c.eval_examples = self.eval_examples;
@@ -263,6 +273,7 @@ fn write_outputs(dir: &Path, reports: &[LearnReport]) -> anyhow::Result<()> {
                     f(s.body_bytes),
                     f(s.header_bytes),
                     f(s.compression_ratio),
+                    f(s.searched),
                 ]);
             }
         }
@@ -288,6 +299,7 @@ fn write_outputs(dir: &Path, reports: &[LearnReport]) -> anyhow::Result<()> {
             "body_bytes",
             "header_bytes",
             "compression_ratio",
+            "searched",
         ],
         &rows,
     )?;

@@ -2,6 +2,7 @@
 
 use kindred_distill::{EmbeddingConfig, Policy, SynthConfig};
 use kindred_node::trainer::{Arch, Task, TrainConfig};
+use kindred_routing::Discovery;
 
 /// How tasks differ between nodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -276,6 +277,9 @@ pub struct LearnConfig {
     pub min_cosine: f32,
     /// Multi-probe keys per round lookup. Default `kindred-routing`'s 8.
     pub probes: usize,
+    /// When semantic nodes search the DHT and whom they follow in between. Default
+    /// `kindred-routing`'s (rounds 0-2, then every 10th; 10 peers followed).
+    pub discovery: Discovery,
     /// Embedding parameters (network-wide).
     pub embedding: EmbeddingConfig,
     /// Share of MNIST held out for evaluation. Default 0.2.
@@ -304,6 +308,7 @@ impl LearnConfig {
             top_m: lookup.top_m,
             min_cosine: lookup.min_cosine,
             probes: lookup.probes,
+            discovery: Discovery::default(),
             // As the node: the cumulative update already separates tasks; centring it by
             // peer updates would remove exactly that signal.
             embedding: EmbeddingConfig {

@@ -11,9 +11,12 @@
 //!    error-feedback residual) turns the update into a packet body, an embedding and SimHash
 //!    margins; the packet is sealed with the node's ed25519 key (`kindred_proto::seal`) so its
 //!    wire size is exact, and peers see the decoded body (`kindred_distill::decode`).
-//! 3. **Partners**: nobody, everybody, the true cluster, random peers, or the semantic partners:
-//!    the providers the node's band-key and probe lookups returned in the routing model
-//!    ([`Overlay`]), ranked by sketch cosine, the top `m` at or above the cosine gate.
+//! 3. **Partners**: nobody, everybody, the true cluster, random peers, or the semantic partners.
+//!    Semantic nodes search as the node does ([`kindred_routing::Discovery`]): in discovery
+//!    rounds (and when they have nobody left to follow) the candidates are the providers their
+//!    band-key and probe lookups returned in the routing model ([`Overlay`]); in the rounds
+//!    between, the peers they follow, each asked for its newest header. Candidates are ranked
+//!    by sketch cosine, and the top `m` at or above the cosine gate are fetched.
 //! 4. **Merge**: a plain mean, or `kindred_distill::synthesize` of the node's own (dense) update
 //!    with its partners' decoded updates; the node adds the result to its parameters, and folds
 //!    accepted peer updates into its embedding's running mean.
@@ -21,6 +24,11 @@
 //! Bytes per node per round are all bytes on the wire that round divided by the number of
 //! nodes: DHT messages, header and body fetches (each with a 64-byte request), or an all-reduce
 //! (a ring all-reduce moves `2·(n − 1)/n` payloads per node).
+//!
+//! One simplification: a node that searches between discovery rounds (it had nobody left to
+//! follow) announces and looks up in a routing round of its own, so it finds only the nodes
+//! searching in the same round, not every node that announced at the window's start. That
+//! undercounts what it finds, never what it costs.
 
 use std::time::Instant;
 
@@ -110,6 +118,9 @@ pub struct RoundStats {
     pub header_bytes: f64,
     /// Dense f32 update bytes / body bytes.
     pub compression_ratio: f64,
+    /// Share of nodes that searched the DHT this round (semantic policy; the others followed
+    /// their partners).
+    pub searched: f64,
 }
 
 /// One policy over the whole run.
@@ -171,6 +182,8 @@ struct State {
     origin: Vec<f32>,
     params: Vec<Vec<f32>>,
     distillers: Vec<Distiller>,
+    /// Per node, the peers it follows between discovery rounds (semantic policy).
+    follow: Vec<Vec<u32>>,
     report: PolicyReport,
 }
 
@@ -189,6 +202,8 @@ struct Packed {
 #[derive(Default)]
 struct Merged {
     update: Vec<f32>,
+    /// Whom the node follows next (semantic policy).
+    follow: Vec<u32>,
     accepted: Vec<u32>,
     rejected: usize,
     candidates: usize,
@@ -318,6 +333,7 @@ pub fn run(cfg: &LearnConfig, progress: ProgressFn<'_>) -> Result<LearnReport, L
                 origin: init_params.clone(),
                 params: vec![init_params.clone(); cfg.nodes],
                 distillers,
+                follow: vec![Vec::new(); cfg.nodes],
                 report: PolicyReport {
                     name: p.name.clone(),
                     ..PolicyReport::default()
@@ -555,20 +571,41 @@ fn step(
         samples: &samples,
     };
     let mut dht_total = 0f64;
+    let mut searches = 0usize;
     let found: Vec<Vec<u32>> = match (state.spec.partners, overlay) {
         (Partners::Semantic, Some(ov)) => {
             let sigs: Vec<SimHash> = packed.iter().map(|p| p.embedding.simhash).collect();
             let margins: Vec<[f32; SIMHASH_BITS]> = packed.iter().map(|p| p.margins).collect();
-            let r = ov.round(r64, &sigs, &margins, &vec![true; n])?;
+            let follow = &state.follow;
+            let searching: Vec<bool> = (0..n)
+                .map(|i| {
+                    let followed = follow.get(i).map_or(0, Vec::len);
+                    cfg.discovery.searches(r64, r64, followed)
+                })
+                .collect();
+            searches = searching.iter().filter(|&&s| s).count();
+            let window = cfg.discovery.window(r64).0;
+            let r = ov.round(window, &sigs, &margins, &searching)?;
             dht_total = r.total_bytes as f64;
             r.found
+                .into_iter()
+                .zip(&searching)
+                .enumerate()
+                .map(|(i, (found, &s))| {
+                    if s {
+                        found
+                    } else {
+                        follow.get(i).cloned().unwrap_or_default()
+                    }
+                })
+                .collect()
         }
         (Partners::Semantic, None) => {
             return Err(LearnError::Config("semantic policy without overlay".into()));
         }
         _ => Vec::new(),
     };
-    let merged: Vec<Merged> = match state.spec.partners {
+    let mut merged: Vec<Merged> = match state.spec.partners {
         Partners::Local => own
             .iter()
             .map(|update| Merged {
@@ -600,6 +637,7 @@ fn step(
                         candidates: size as usize - 1,
                         header_bytes: 0.0,
                         body_bytes: 2.0 * (size - 1.0) / size * payload,
+                        follow: Vec::new(),
                     }
                 })
                 .collect()
@@ -644,6 +682,10 @@ fn step(
                     .map(|(_, p)| *p)
                     .collect();
                 let mut m = merge_with(&state.spec, i, &peers, own_of(i), &ex, cands.len())?;
+                m.follow = cfg.discovery.next_follow(
+                    ranked.iter().take(headers).map(|&(c, p)| (p, c)),
+                    cfg.min_cosine,
+                );
                 m.header_bytes = ranked
                     .iter()
                     .take(headers)
@@ -658,6 +700,11 @@ fn step(
             })
             .collect::<Result<_, LearnError>>()?,
     };
+    if state.spec.partners == Partners::Semantic {
+        for (f, m) in state.follow.iter_mut().zip(&mut merged) {
+            *f = std::mem::take(&mut m.follow);
+        }
+    }
     // 5. Apply.
     state
         .params
@@ -762,6 +809,7 @@ fn step(
                 .collect::<Vec<_>>(),
         ),
         compression_ratio: dense_bytes as f64 / body_mean.max(1.0),
+        searched: searches as f64 / nf,
         ..RoundStats::default()
     };
     let acc = evaluate(cfg, data, &state.params, &data.tracked)?;
@@ -881,6 +929,7 @@ fn merge_with<'a>(
         candidates,
         header_bytes,
         body_bytes,
+        follow: Vec::new(),
     })
 }
 

@@ -1,0 +1,181 @@
+//! When a node searches the DHT for partners, and how it keeps them in between.
+//!
+//! A full round lookup — announce the band keys, look up the band and probe keys, ask every
+//! provider for headers — is most of what Kindred puts on the wire: about 125 KB per node per
+//! round at 64 nodes (`kindred-sim learn`), where the five packet bodies a node merges are about
+//! 13 KB. Yet once training settles, a node's nearest peers stay its nearest peers for many
+//! rounds. So the DHT is searched only in **discovery rounds**: the first
+//! [`Discovery::warmup_rounds`] rounds, while updates still change direction quickly, and then
+//! every [`Discovery::every_rounds`] rounds (to meet peers that joined or moved). In the rounds
+//! between, a node **follows** the best peers its last lookup ranked: it asks each for its newest
+//! header ([`kindred_proto::rpc::HeaderQuery::Latest`]) and ranks and fetches as usual, with no
+//! DHT traffic at all. A followed peer that falls below the cosine threshold is dropped until the
+//! next discovery round.
+//!
+//! Key windows follow the same schedule ([`Discovery::window`]): a window opens at each discovery
+//! round, so the keys announced then stay valid — and findable by a node that joins mid-window —
+//! until the next one. A node announces once per window; later packets of the same window are
+//! served under the keys whose band value they still carry, without new DHT records.
+//!
+//! ```
+//! use kindred_routing::{Discovery, RoundWindow};
+//!
+//! let d = Discovery::default(); // rounds 0, 1, 2, then every 10th
+//! assert!(d.is_discovery_round(2) && !d.is_discovery_round(3) && d.is_discovery_round(10));
+//! assert_eq!(d.window(7), RoundWindow(2));
+//! assert_eq!(d.window(15), RoundWindow(10));
+//! // The best peers at or above the threshold, at most `follow` of them, are followed.
+//! let next = d.next_follow([("a", 0.9), ("b", 0.4), ("c", 0.7)], 0.5);
+//! assert_eq!(next, vec!["a", "c"]);
+//! ```
+
+use crate::keys::RoundWindow;
+
+/// The discovery schedule and the number of peers followed between discovery rounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Discovery {
+    /// Rounds from round 0 that are all discovery rounds. Default 3: an update's direction
+    /// settles over the first rounds, and a partner found in round 0 may belong to another task
+    /// by round 3 (`kindred-sim learn --setting rotation`: merge purity 0.93 in rounds 3-9 with
+    /// one discovery round, 1.00 with three).
+    pub warmup_rounds: u64,
+    /// After the warm-up, a discovery round every this many rounds (round numbers divisible by
+    /// it). Default 10; 1 searches the DHT every round.
+    pub every_rounds: u64,
+    /// Peers followed between discovery rounds: the best this many of the last lookup's
+    /// candidates at or above the cosine threshold. Default 10, twice the default `top_m`, so
+    /// the bodies fetched can still change as peers drift.
+    pub follow: usize,
+}
+
+impl Default for Discovery {
+    fn default() -> Self {
+        Self {
+            warmup_rounds: 3,
+            every_rounds: 10,
+            follow: 10,
+        }
+    }
+}
+
+impl Discovery {
+    /// Search the DHT every round (keys change every round, nobody is followed).
+    pub const EVERY_ROUND: Self = Self {
+        warmup_rounds: 0,
+        every_rounds: 1,
+        follow: 0,
+    };
+
+    /// Whether `round` is a discovery round: announce, and search the DHT.
+    pub fn is_discovery_round(&self, round: u64) -> bool {
+        round < self.warmup_rounds
+            || self.every_rounds <= 1
+            || round.is_multiple_of(self.every_rounds)
+    }
+
+    /// The key window of `round`: the latest discovery round at or before it.
+    pub fn window(&self, round: u64) -> RoundWindow {
+        if self.is_discovery_round(round) {
+            return RoundWindow(round);
+        }
+        let last_periodic = round - round % self.every_rounds;
+        RoundWindow(last_periodic.max(self.warmup_rounds.saturating_sub(1)))
+    }
+
+    /// Whether a node searches the DHT in `round`, having run `rounds_run` rounds so far and
+    /// following `followed` peers: in discovery rounds, in its own first
+    /// [`Discovery::warmup_rounds`] rounds (a node that joins a running swarm warms up too), and
+    /// whenever it has nobody to follow.
+    pub fn searches(&self, round: u64, rounds_run: u64, followed: usize) -> bool {
+        followed == 0
+            || self.follow == 0
+            || rounds_run < self.warmup_rounds
+            || self.is_discovery_round(round)
+    }
+
+    /// The peers to follow after a lookup: the best [`Discovery::follow`] of `ranked`
+    /// (`(peer, sketch cosine)`, in any order) at or above `min_cosine`, best first, each once.
+    pub fn next_follow<P: PartialEq + Clone>(
+        &self,
+        ranked: impl IntoIterator<Item = (P, f32)>,
+        min_cosine: f32,
+    ) -> Vec<P> {
+        let mut above: Vec<(P, f32)> = ranked
+            .into_iter()
+            .filter(|(_, c)| *c >= min_cosine)
+            .collect();
+        above.sort_by(|a, b| b.1.total_cmp(&a.1));
+        let mut out: Vec<P> = Vec::with_capacity(self.follow.min(above.len()));
+        for (p, _) in above {
+            if out.len() >= self.follow {
+                break;
+            }
+            if !out.contains(&p) {
+                out.push(p);
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn windows_open_at_discovery_rounds() {
+        let d = Discovery::default();
+        let discovery: Vec<u64> = (0..35).filter(|&r| d.is_discovery_round(r)).collect();
+        assert_eq!(discovery, vec![0, 1, 2, 10, 20, 30]);
+        for r in 0..35u64 {
+            let w = d.window(r);
+            assert!(w.0 <= r && d.is_discovery_round(w.0), "round {r} → {w:?}");
+            // No discovery round lies strictly between the window start and the round.
+            assert!(
+                ((w.0 + 1)..=r).all(|x| !d.is_discovery_round(x)),
+                "round {r}"
+            );
+        }
+        // A warm-up longer than the period.
+        let long = Discovery {
+            warmup_rounds: 12,
+            every_rounds: 10,
+            follow: 4,
+        };
+        assert_eq!(long.window(13), RoundWindow(11));
+        assert_eq!(long.window(20), RoundWindow(20));
+        // Every round: windows are rounds.
+        let every = Discovery::EVERY_ROUND;
+        assert!((0..20).all(|r| every.is_discovery_round(r) && every.window(r) == RoundWindow(r)));
+        // A zero period never divides by zero.
+        let zero = Discovery {
+            every_rounds: 0,
+            ..Discovery::default()
+        };
+        assert_eq!(zero.window(17), RoundWindow(17));
+    }
+
+    #[test]
+    fn a_node_with_nobody_to_follow_searches() {
+        let d = Discovery::default();
+        assert!(d.searches(5, 5, 0));
+        assert!(!d.searches(5, 5, 3));
+        assert!(d.searches(10, 10, 3));
+        assert!(Discovery::EVERY_ROUND.searches(5, 5, 3));
+        // A node that joins at round 1,000,005 warms up for its own first rounds.
+        assert!(d.searches(1_000_005, 2, 3));
+        assert!(!d.searches(1_000_005, 3, 3));
+    }
+
+    #[test]
+    fn the_best_peers_above_the_threshold_are_followed_once() {
+        let d = Discovery {
+            follow: 3,
+            ..Discovery::default()
+        };
+        let ranked = [(1, 0.2), (2, 0.8), (3, 0.9), (2, 0.85), (4, 0.6), (5, 0.55)];
+        assert_eq!(d.next_follow(ranked, 0.5), vec![3, 2, 4]);
+        assert!(d.next_follow(ranked, 0.95).is_empty());
+        assert!(Discovery::EVERY_ROUND.next_follow(ranked, 0.0).is_empty());
+    }
+}
