@@ -224,6 +224,42 @@ pub(crate) struct Lookup {
     followed: Option<HashSet<PeerId>>,
 }
 
+impl Lookup {
+    /// A lookup in the discover phase with nothing asked or found yet.
+    fn new(
+        query: PartnerQuery,
+        model: ModelId,
+        window: RoundWindow,
+        (top_m, min_cosine): (usize, f32),
+        deadline: Instant,
+        now: Instant,
+    ) -> Self {
+        Self {
+            deadline,
+            started: now,
+            window,
+            model,
+            own: query.header,
+            spec: query.spec,
+            top_m,
+            min_cosine,
+            shards_used: HashMap::new(),
+            keys: HashMap::new(),
+            keys_pending: 0,
+            providers: HashMap::new(),
+            queue: VecDeque::new(),
+            headers_in_flight: 0,
+            phase: Phase::Discover,
+            candidates: Vec::new(),
+            body_queue: VecDeque::new(),
+            bodies_in_flight: 0,
+            packets: Vec::new(),
+            stats: LookupStats::default(),
+            followed: None,
+        }
+    }
+}
+
 impl RoutingCore {
     /// Start a round lookup for partners of `query.header`.
     ///
@@ -301,32 +337,13 @@ impl RoutingCore {
             keys = keys.len(),
             "round lookup started"
         );
-        self.lookups.insert(
-            id,
-            Lookup {
-                deadline,
-                started: now,
-                window,
-                model: h.model,
-                own: query.header,
-                spec: query.spec,
-                top_m,
-                min_cosine,
-                shards_used,
-                keys_pending: keys.len(),
-                keys,
-                providers: HashMap::new(),
-                queue: VecDeque::new(),
-                headers_in_flight: 0,
-                phase: Phase::Discover,
-                candidates: Vec::new(),
-                body_queue: VecDeque::new(),
-                bodies_in_flight: 0,
-                packets: Vec::new(),
-                stats,
-                followed: None,
-            },
-        );
+        let model = h.model;
+        let mut lookup = Lookup::new(query, model, window, (top_m, min_cosine), deadline, now);
+        lookup.shards_used = shards_used;
+        lookup.keys_pending = keys.len();
+        lookup.keys = keys;
+        lookup.stats = stats;
+        self.lookups.insert(id, lookup);
         self.advance(id, now);
         Ok(id)
     }
@@ -335,7 +352,7 @@ impl RoutingCore {
     /// the DHT.
     fn start_following(
         &mut self,
-        query: PartnerQuery,
+        mut query: PartnerQuery,
         top_m: usize,
         min_cosine: f32,
         window: RoundWindow,
@@ -345,7 +362,7 @@ impl RoutingCore {
         let mut followed = HashSet::new();
         let mut queue = VecDeque::new();
         let mut providers = HashMap::new();
-        for peer in query.follow {
+        for peer in std::mem::take(&mut query.follow) {
             if peer == self.local || followed.len() >= max_providers || !followed.insert(peer) {
                 continue;
             }
@@ -368,35 +385,13 @@ impl RoutingCore {
             "following partners"
         );
         let model = query.header.header().model;
-        self.lookups.insert(
-            id,
-            Lookup {
-                deadline: now + self.config.lookup.timeout,
-                started: now,
-                window,
-                model,
-                own: query.header,
-                spec: query.spec,
-                top_m,
-                min_cosine,
-                shards_used: HashMap::new(),
-                keys_pending: 0,
-                keys: HashMap::new(),
-                providers,
-                queue,
-                headers_in_flight: 0,
-                phase: Phase::Discover,
-                candidates: Vec::new(),
-                body_queue: VecDeque::new(),
-                bodies_in_flight: 0,
-                packets: Vec::new(),
-                stats: LookupStats {
-                    providers: followed.len() as u32,
-                    ..LookupStats::default()
-                },
-                followed: Some(followed),
-            },
-        );
+        let deadline = now + self.config.lookup.timeout;
+        let mut lookup = Lookup::new(query, model, window, (top_m, min_cosine), deadline, now);
+        lookup.providers = providers;
+        lookup.queue = queue;
+        lookup.stats.providers = followed.len() as u32;
+        lookup.followed = Some(followed);
+        self.lookups.insert(id, lookup);
         self.advance(id, now);
         id
     }
@@ -836,9 +831,11 @@ impl RoutingCore {
         };
         l.candidates = found
             .into_iter()
+            // Only this round's packets: a window spans several rounds, and a peer's older
+            // packet may already have been merged.
             .filter(|(e, _)| {
                 let h = e.header.header();
-                h.sender != local && h.model == l.model
+                h.sender != local && h.model == l.model && h.round == own.round
             })
             .take(limit)
             .map(|(e, cosine)| Candidate {

@@ -16,7 +16,9 @@ use kindred_routing::behaviour::KAD_PROTOCOL;
 use kindred_routing::codec::RPC_PROTOCOL;
 use kindred_routing::keys::KeyContext;
 use kindred_routing::transport::build_transport;
-use kindred_routing::{MemoryStore, NetworkId, PartnerQuery, RoutingEvent, TransportKind, spawn};
+use kindred_routing::{
+    MemoryStore, NetworkId, PartnerQuery, RoundWindow, RoutingEvent, TransportKind, spawn,
+};
 use libp2p::identity::Keypair;
 use libp2p::kad::store::MemoryStore as KadStore;
 use libp2p::request_response::{self, ProtocolSupport};
@@ -232,7 +234,7 @@ async fn a_peer_sending_invalid_data_is_banned() {
     let ctx = KeyContext::new(
         NetworkId::from_name("kindred-test"),
         h.model,
-        kindred_routing::Discovery::default().window(h.round),
+        RoundWindow(h.round),
         Default::default(),
     );
     let keys: Vec<[u8; 32]> = ctx.band_keys(&h.embedding.simhash).collect();

@@ -997,6 +997,36 @@ mod tests {
     }
 
     #[test]
+    fn semantic_nodes_search_the_dht_only_in_discovery_rounds() {
+        let mut cfg = small();
+        cfg.rounds = 5;
+        // Long enough local training that same-task sketches pass the 0.5 cosine gate.
+        cfg.train.steps = 12;
+        cfg.policies = vec![PolicySpec::kindred()];
+        let r = run(&cfg, &quiet).unwrap();
+        let rounds = &r.policies[0].rounds;
+        // Rounds 0-2 are the warm-up: everyone announces and searches.
+        for s in &rounds[..3] {
+            assert_eq!(s.searched, 1.0, "round {}", s.round);
+            assert!(s.dht_bytes_per_node > 0.0);
+        }
+        // Rounds 3 and 4: nodes follow the peers they found (only a node left with nobody to
+        // follow searches), asking each for one header.
+        let header = rounds[2].header_bytes;
+        for s in &rounds[3..] {
+            assert!(s.searched < 0.25, "round {}: {}", s.round, s.searched);
+            assert!(s.dht_bytes_per_node < 0.25 * rounds[2].dht_bytes_per_node);
+            assert!(s.header_bytes_per_node <= 10.0 * (REQUEST_BYTES + header) + 1.0);
+            assert!(s.partners > 0.0 && s.purity == 1.0, "round {}", s.round);
+        }
+        // Searching every round costs more DHT traffic.
+        cfg.discovery = kindred_routing::Discovery::EVERY_ROUND;
+        let every = run(&cfg, &quiet).unwrap();
+        let dht = |r: &LearnReport| r.policies[0].rounds[3].dht_bytes_per_node;
+        assert!(dht(&every) > 4.0 * dht(&r).max(1.0));
+    }
+
+    #[test]
     fn same_seed_same_learning_run() {
         let mut cfg = small();
         cfg.policies = vec![PolicySpec::kindred(), PolicySpec::oracle()];
