@@ -269,6 +269,8 @@ pub struct RoutingCore {
     /// The node's newest own packet, served to peers that follow it
     /// ([`kindred_proto::rpc::HeaderQuery::Latest`]).
     pub(crate) latest_own: Option<PacketId>,
+    /// Packets announced since the node started (its warm-up is the first few).
+    pub(crate) announcements: u64,
     pub(crate) announces: HashMap<AnnounceId, AnnounceState>,
     pub(crate) lookups: HashMap<LookupId, Lookup>,
     pub(crate) pending: HashMap<RequestId, Pending>,
@@ -290,6 +292,7 @@ impl RoutingCore {
             announced: BTreeMap::new(),
             by_key: HashMap::new(),
             latest_own: None,
+            announcements: 0,
             announces: HashMap::new(),
             lookups: HashMap::new(),
             pending: HashMap::new(),
@@ -382,9 +385,11 @@ impl RoutingCore {
 
     /// Announce the node's own packet: publish it under its band keys for its round window.
     ///
-    /// Only the first packet of a window is published in the DHT; a later one of the same window
-    /// ([`crate::Discovery`]) replaces the earlier under the keys it shares with it, is served
-    /// to followers, and finishes at once with `keys: 0`.
+    /// Only the first packet of a window is published in full ([`crate::Discovery`]). A later one
+    /// of the same window replaces the earlier under the keys it shares with it and is served to
+    /// followers; it publishes only its new keys during the node's warm-up (its first
+    /// `warmup_rounds` announcements, when it searches every round), and otherwise none, finishing
+    /// at once with `keys: 0`.
     ///
     /// Each band key is replaced by one of its shards when the band is known to be hot. Emits one
     /// [`Output::StartProviding`] per key, and [`Output::StopProviding`] for keys of windows that
@@ -423,57 +428,58 @@ impl RoutingCore {
             keys.push(crate::keys::shard_key(&base, shard));
         }
         self.latest_own = Some(header.id());
-        if let Some(in_window) = self.announced.get(&window) {
-            // Announced earlier in this window: no new DHT records. The keys this packet still
-            // carries serve it from now on; the others keep serving the older packet, whose
-            // band values they stand for.
-            let mut kept = 0;
-            for key in keys.iter().filter(|k| in_window.contains(k)) {
-                self.by_key.insert(*key, vec![header.id()]);
-                kept += 1;
-            }
-            let id = AnnounceId(self.next_id());
-            self.outputs.push_back(Output::AnnounceFinished {
-                announce: id,
-                report: AnnounceReport {
-                    packet: header.id(),
-                    window,
-                    keys: 0,
-                    failed: 0,
-                },
-            });
-            tracing::debug!(packet = %header.id(), ?window, kept, "window already announced");
-            return Ok(id);
-        }
+        let warming_up = self.announcements < self.config.discovery.warmup_rounds;
+        self.announcements += 1;
+        // The first packet of a window publishes all its keys. A later one publishes none,
+        // except in the node's warm-up, when it searches every round and its peers must find
+        // its current keys: then the keys not yet provided in this window are published too.
+        let provided = self.announced.get(&window);
+        let publish: Vec<SemanticKey> = match provided {
+            None => keys.clone(),
+            Some(p) if warming_up => keys.iter().filter(|k| !p.contains(k)).copied().collect(),
+            Some(_) => Vec::new(),
+        };
+        // The keys this packet carries that are (or are being) provided now serve it; the
+        // window's other keys keep serving the older packet whose band values they stand for.
         for key in &keys {
-            let ids = self.by_key.entry(*key).or_default();
-            if !ids.contains(&header.id()) {
-                ids.push(header.id());
+            if publish.contains(key) || provided.is_some_and(|p| p.contains(key)) {
+                self.by_key.insert(*key, vec![header.id()]);
             }
+        }
+        for key in &publish {
             self.outputs.push_back(Output::StartProviding {
                 announce: id,
                 key: *key,
             });
         }
         let in_window = self.announced.entry(window).or_default();
-        for key in &keys {
-            if !in_window.contains(key) {
-                in_window.push(*key);
-            }
+        in_window.extend(publish.iter().copied());
+        let report = AnnounceReport {
+            packet: header.id(),
+            window,
+            keys: publish.len(),
+            failed: 0,
+        };
+        if publish.is_empty() {
+            self.outputs.push_back(Output::AnnounceFinished {
+                announce: id,
+                report,
+            });
+        } else {
+            self.announces.insert(
+                id,
+                AnnounceState {
+                    packet: report.packet,
+                    window,
+                    keys: publish.len(),
+                    pending: publish.len(),
+                    failed: 0,
+                },
+            );
         }
-        self.announces.insert(
-            id,
-            AnnounceState {
-                packet: header.id(),
-                window,
-                keys: keys.len(),
-                pending: keys.len(),
-                failed: 0,
-            },
-        );
-        self.metrics.keys_announced += keys.len() as u64;
+        self.metrics.keys_announced += publish.len() as u64;
         self.expire_windows(now);
-        tracing::debug!(packet = %header.id(), ?window, keys = keys.len(), "announcing");
+        tracing::debug!(packet = %header.id(), ?window, keys = publish.len(), "announcing");
         Ok(id)
     }
 

@@ -77,19 +77,26 @@ fn drain(core: &mut RoutingCore) -> Vec<Output> {
 fn announce(node: &mut Node, now: Instant) -> Vec<[u8; 32]> {
     let id = node.core.announce(&node.packet.header, now).unwrap();
     let mut keys = Vec::new();
+    // A packet with nothing to publish finishes at once, in the first batch of outputs.
+    let mut finished = Vec::new();
     for out in drain(&mut node.core) {
-        if let Output::StartProviding { announce, key } = out {
-            assert_eq!(announce, id);
-            keys.push(key);
+        match out {
+            Output::StartProviding { announce, key } => {
+                assert_eq!(announce, id);
+                keys.push(key);
+            }
+            Output::AnnounceFinished { .. } => finished.push(out),
+            _ => {}
         }
     }
     for _ in &keys {
         node.core.handle_provide_result(id, true);
     }
-    let finished = drain(&mut node.core);
+    finished.extend(drain(&mut node.core));
     assert!(matches!(
         finished.as_slice(),
-        [Output::AnnounceFinished { report, .. }] if report.keys == keys.len() && report.failed == 0
+        [Output::AnnounceFinished { announce, report }]
+            if *announce == id && report.keys == keys.len() && report.failed == 0
     ));
     keys
 }
@@ -841,4 +848,41 @@ fn a_followed_peer_cannot_answer_for_someone_else() {
     assert_eq!(requests, 1);
     assert!(partners.candidates.is_empty());
     assert_eq!(a.core.metrics().rejects.get("foreign_sender"), Some(&1));
+}
+
+#[test]
+fn a_later_packet_of_a_window_publishes_new_keys_only_during_warm_up() {
+    let now = Instant::now();
+    let cfg = config();
+    // Rounds 1,000,001..=1,000,009 share the window that opened at round 1,000,000.
+    let mut nodes = cluster(1, 1_000_001, &cfg, 13);
+    let node = &mut nodes[0];
+    let first = announce(node, now);
+    assert_eq!(first.len(), 16);
+    let mut flipped = node.packet.header.header().embedding.clone();
+    let mut published = Vec::new();
+    for (i, round) in (1_000_002..1_000_006).enumerate() {
+        // A different signature each round: every band value changes.
+        for byte in &mut flipped.simhash.0 {
+            *byte = byte.wrapping_add(0x55);
+        }
+        node.packet = packet(&node.key, round, flipped.clone(), i as f32);
+        node.store.insert(&node.packet);
+        let keys = announce(node, now);
+        assert!(keys.iter().all(|k| !first.contains(k)));
+        published.push(keys.len());
+        // Whatever was published, the newest packet is what followers get.
+        let latest = RpcRequest::GetHeaders {
+            id: RequestId(9),
+            query: HeaderQuery::Latest,
+        };
+        let RpcResponse::Headers { headers, .. } = serve(node, peer_of(&node.key), &latest, now)
+        else {
+            panic!("headers expected");
+        };
+        assert_eq!(headers, vec![node.packet.header_bytes.clone()]);
+    }
+    // The first three announcements are the warm-up: the 2nd and 3rd publish their new keys;
+    // after it, a window is published once.
+    assert_eq!(published, vec![16, 16, 0, 0]);
 }
