@@ -18,8 +18,8 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
 
-/// Label of a merge verdict (`accepted` or a rejection reason).
-type VerdictLabels = Vec<(&'static str, String)>;
+/// One label: a merge verdict (`accepted` or a rejection reason), or a lookup mode.
+type Labels = Vec<(&'static str, String)>;
 
 /// The node's metrics and the registry that renders them.
 #[derive(Debug)]
@@ -41,7 +41,10 @@ pub struct NodeMetrics {
     /// Held-out accuracy after the last round.
     pub accuracy: Gauge<f64, AtomicU64>,
     /// Merge verdicts on fetched peer updates, by outcome.
-    pub merge_verdicts: Family<VerdictLabels, Counter>,
+    pub merge_verdicts: Family<Labels, Counter>,
+    /// Partner lookups by mode: `search` (the DHT, in discovery rounds) or `follow` (the
+    /// partners found before, asked directly).
+    pub lookups: Family<Labels, Counter>,
 }
 
 impl Default for NodeMetrics {
@@ -62,7 +65,8 @@ impl NodeMetrics {
         let packet_bytes = Histogram::new(exponential_buckets(256.0, 2.0, 16));
         let loss = Gauge::<f64, AtomicU64>::default();
         let accuracy = Gauge::<f64, AtomicU64>::default();
-        let merge_verdicts = Family::<VerdictLabels, Counter>::default();
+        let merge_verdicts = Family::<Labels, Counter>::default();
+        let lookups = Family::<Labels, Counter>::default();
         registry.register("rounds", "Completed rounds", rounds.clone());
         registry.register(
             "round_seconds",
@@ -95,6 +99,11 @@ impl NodeMetrics {
             "Merge verdicts on peer updates",
             merge_verdicts.clone(),
         );
+        registry.register(
+            "lookups",
+            "Partner lookups by mode (search the DHT, or follow known partners)",
+            lookups.clone(),
+        );
         registry.register_collector(Box::new(routing.clone()));
         Self {
             registry,
@@ -107,6 +116,7 @@ impl NodeMetrics {
             loss,
             accuracy,
             merge_verdicts,
+            lookups,
         }
     }
 
@@ -229,6 +239,9 @@ mod tests {
         m.merge_verdicts
             .get_or_create(&vec![("verdict", "low_cosine".to_string())])
             .inc();
+        m.lookups
+            .get_or_create(&vec![("mode", "follow".to_string())])
+            .inc_by(7);
         let mut r = RoutingMetrics::default();
         r.body.responses_sent.bytes = 12345;
         r.rejects.insert("bad_signature", 3);
@@ -238,6 +251,10 @@ mod tests {
         assert!(text.contains("kindred_accuracy 0.9"), "{text}");
         assert!(
             text.contains(r#"kindred_merge_verdicts_total{verdict="low_cosine"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"kindred_lookups_total{mode="follow"} 7"#),
             "{text}"
         );
         assert!(

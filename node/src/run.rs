@@ -360,6 +360,10 @@ async fn run_round(
     m.round_seconds.observe(began.elapsed().as_secs_f64());
     m.lookup_seconds.observe(lookup_ms as f64 / 1000.0);
     m.partners.observe(report.partners.len() as f64);
+    let mode = if searched { "search" } else { "follow" };
+    m.lookups
+        .get_or_create(&vec![("mode", mode.to_string())])
+        .inc();
     m.packet_bytes.observe(packet_bytes as f64);
     m.loss.set(f64::from(out.loss));
     if let Some(a) = accuracy {
