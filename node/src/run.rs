@@ -1,13 +1,13 @@
 //! The tokio driver of a node: the routing task, the local API and the round schedule.
 //!
 //! Rounds follow the wall clock: round `r` starts at `r × round_secs` since the Unix epoch, so
-//! nodes agree on round numbers (and thus on the DHT keys of a round) without a coordinator, and a
-//! restarted node rejoins at the current round. Within a round:
+//! nodes agree on round numbers (and thus on the DHT keys of a round's window) without a
+//! coordinator, and a restarted node rejoins at the current round. Within a round:
 //!
 //! | at | step |
 //! |---|---|
 //! | 0 | train (or take the external trainer's update), distill, seal, store, announce |
-//! | [`LOOKUP_AT`] × T | look up partners; the lookup's deadline is [`LOOKUP_BUDGET`] × T |
+//! | [`LOOKUP_AT`] × T | look up partners (search the DHT in discovery rounds, otherwise ask the followed partners, see [`Discovery`]); the lookup's deadline is [`LOOKUP_BUDGET`] × T |
 //! | when it returns | verify, synthesize, apply, evaluate, checkpoint, report |
 //!
 //! A slow or silent peer costs at most the lookup deadline: whatever was found by then is merged.
@@ -256,7 +256,6 @@ async fn sleep_until_ms(t: u64) {
     }
 }
 
-/// One round; see the module docs for the schedule.
 /// Whom the node follows between discovery rounds ([`Discovery`]).
 #[derive(Debug)]
 struct Following {
@@ -268,6 +267,7 @@ struct Following {
     rounds_run: u64,
 }
 
+/// One round; see the module docs for the schedule.
 #[allow(clippy::too_many_arguments)]
 async fn run_round(
     engine: &mut Engine,
