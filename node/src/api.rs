@@ -77,6 +77,13 @@ pub struct Status {
     pub bytes_sent: u64,
     /// RPC bytes received from peers since start.
     pub bytes_received: u64,
+    /// Bytes sent over all connections since start, every protocol (Kademlia, identify, ping
+    /// and the RPCs).
+    #[serde(default)]
+    pub wire_bytes_sent: u64,
+    /// Bytes received over all connections since start, every protocol.
+    #[serde(default)]
+    pub wire_bytes_received: u64,
     /// Completed rounds of this run, oldest first (at most the last 1,000).
     pub history: Vec<RoundRecord>,
 }

@@ -169,6 +169,9 @@ pub struct NodeConfig {
     pub partners: usize,
     /// Multi-probe lookups per round besides the exact band keys.
     pub probes: usize,
+    /// After its first 3 rounds a node searches the DHT for partners every this many rounds,
+    /// and follows the partners it found in between (1: search every round).
+    pub discovery_every: u64,
     /// Log format.
     pub log_format: LogFormat,
     /// Trainer.
@@ -187,6 +190,7 @@ impl Default for NodeConfig {
             rounds: None,
             partners: 4,
             probes: 8,
+            discovery_every: 10,
             log_format: LogFormat::Text,
             trainer: TrainerConfig::default(),
         }
@@ -235,6 +239,9 @@ impl NodeConfig {
         }
         if self.partners == 0 {
             return bad("partners must be at least 1");
+        }
+        if self.discovery_every == 0 {
+            return bad("discovery_every must be at least 1");
         }
         let t = &self.trainer;
         if t.shards == 0 || t.shard >= t.shards {

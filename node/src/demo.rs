@@ -41,6 +41,8 @@ pub struct DemoOptions {
     pub seed: u64,
     /// Local SGD steps per round.
     pub steps: usize,
+    /// DHT search period of every node ([`NodeConfig::discovery_every`]).
+    pub discovery_every: u64,
     /// Where to keep node directories (a temporary directory when `None`).
     pub dir: Option<PathBuf>,
     /// The `kindred` binary to start the nodes with.
@@ -90,6 +92,9 @@ pub struct DemoReport {
     pub acc_local: f64,
     /// Mean RPC bytes a node sent per round.
     pub bytes_per_node_round: f64,
+    /// Mean bytes a node sent per round over all its connections, every protocol (Kademlia,
+    /// identify, ping and the RPCs; joining the swarm included).
+    pub wire_bytes_per_node_round: f64,
     /// Bytes a node sends per round in a full-precision ring all-reduce.
     pub bytes_allreduce: f64,
     /// Share of merge partners from the node's own cluster.
@@ -139,6 +144,7 @@ pub fn run(opts: DemoOptions) -> anyhow::Result<DemoReport> {
             api: Some(SocketAddr::from(([127, 0, 0, 1], ports[2 * i + 1]))),
             round_secs: opts.round_secs,
             rounds: Some(opts.rounds),
+            discovery_every: opts.discovery_every,
             trainer: TrainerConfig {
                 label_shift: cluster as u8,
                 shard: i,
@@ -260,6 +266,7 @@ fn report(
     };
     let (mut same, mut partners) = (0usize, 0usize);
     let mut bytes = 0f64;
+    let mut wire = 0f64;
     let mut per_node = Vec::with_capacity(n);
     for (i, s) in summaries.iter().enumerate() {
         let mine = cluster_of.get(&s.peer_id);
@@ -276,6 +283,7 @@ fn report(
         partners += node_partners;
         let rounds = s.history.len().max(1) as f64;
         bytes += s.bytes_sent as f64 / rounds;
+        wire += s.wire_bytes_sent as f64 / rounds;
         per_node.push(NodeResult {
             peer: s.peer_id.clone(),
             cluster: mine.copied().unwrap_or(usize::MAX),
@@ -313,6 +321,7 @@ fn report(
         acc_kindred: summaries.iter().map(final_acc).sum::<f64>() / n.max(1) as f64,
         acc_local: local.iter().sum::<f64>() / n.max(1) as f64,
         bytes_per_node_round: bytes / n.max(1) as f64,
+        wire_bytes_per_node_round: wire / n.max(1) as f64,
         bytes_allreduce: 2.0 * (n as f64 - 1.0) / n as f64 * 4.0 * params,
         partner_purity: if partners == 0 {
             0.0
@@ -359,6 +368,11 @@ pub fn print(r: &DemoReport, json: bool) {
         r.bytes_allreduce / r.bytes_per_node_round.max(1.0)
     );
     println!(
+        "all traffic (Kademlia, identify, ping and RPC): {:.0} bytes per node per round ({:.1}x fewer)",
+        r.wire_bytes_per_node_round,
+        r.bytes_allreduce / r.wire_bytes_per_node_round.max(1.0)
+    );
+    println!(
         "partner purity: {:.1}% of merge partners from the node's own cluster",
         r.partner_purity * 100.0
     );
@@ -371,6 +385,7 @@ pub fn print(r: &DemoReport, json: bool) {
                 "acc_kindred": r.acc_kindred,
                 "acc_local": r.acc_local,
                 "bytes_per_node_round": r.bytes_per_node_round,
+                "wire_bytes_per_node_round": r.wire_bytes_per_node_round,
                 "bytes_allreduce": r.bytes_allreduce,
                 "partner_purity": r.partner_purity,
                 "seconds": r.seconds,

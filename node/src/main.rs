@@ -77,6 +77,10 @@ struct Overrides {
     /// Peers merged per round.
     #[arg(long, env = "KINDRED_PARTNERS")]
     partners: Option<usize>,
+    /// Search the DHT every this many rounds (after the first 3), following the partners found
+    /// in between; 1 searches every round.
+    #[arg(long, env = "KINDRED_DISCOVERY_EVERY")]
+    discovery_every: Option<u64>,
     /// Where updates come from.
     #[arg(long, env = "KINDRED_TRAINER")]
     trainer: Option<TrainerKind>,
@@ -125,6 +129,7 @@ impl Overrides {
             c.rounds = self.rounds;
         }
         set(&mut c.partners, self.partners);
+        set(&mut c.discovery_every, self.discovery_every);
         set(&mut c.log_format, self.log_format);
         let t = &mut c.trainer;
         set(&mut t.kind, self.trainer);
@@ -192,6 +197,9 @@ struct DemoArgs {
     /// long local training overfits: the regime where learning with similar peers pays.
     #[arg(long, default_value_t = 50)]
     steps: usize,
+    /// Nodes search the DHT every this many rounds after their first 3 (1: every round).
+    #[arg(long, default_value_t = 10)]
+    discovery_every: u64,
     /// Keep the nodes' data directories here (default: a fresh temporary directory, removed).
     #[arg(long)]
     dir: Option<PathBuf>,
@@ -228,6 +236,7 @@ fn main() -> anyhow::Result<()> {
                 round_secs: args.round_secs,
                 seed: args.seed,
                 steps: args.steps,
+                discovery_every: args.discovery_every,
                 dir: args.dir,
                 binary: std::env::current_exe()?,
             })?;

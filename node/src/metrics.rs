@@ -100,7 +100,7 @@ impl NodeMetrics {
             merge_verdicts.clone(),
         );
         registry.register(
-            "lookups",
+            "partner_lookups",
             "Partner lookups by mode (search the DHT, or follow known partners)",
             lookups.clone(),
         );
@@ -186,6 +186,17 @@ impl Collector for RoutingSnapshot {
 
         let counter = ConstCounter::new(0u64);
         let mut family = encoder.encode_descriptor(
+            "wire_bytes",
+            "Bytes over all connections, every protocol (Kademlia included), by direction",
+            None,
+            counter.metric_type(),
+        )?;
+        for (direction, value) in [("in", m.wire_bytes_in), ("out", m.wire_bytes_out)] {
+            ConstCounter::new(value).encode(family.encode_family(&[("direction", direction)])?)?;
+        }
+
+        let counter = ConstCounter::new(0u64);
+        let mut family = encoder.encode_descriptor(
             "rejects",
             "Invalid data received, by reason",
             None,
@@ -245,6 +256,7 @@ mod tests {
         let mut r = RoutingMetrics::default();
         r.body.responses_sent.bytes = 12345;
         r.rejects.insert("bad_signature", 3);
+        r.wire_bytes_out = 777;
         m.set_routing(r);
         let text = m.render();
         assert!(text.contains("kindred_rounds_total 1"), "{text}");
@@ -254,7 +266,7 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains(r#"kindred_lookups_total{mode="follow"} 7"#),
+            text.contains(r#"kindred_partner_lookups_total{mode="follow"} 7"#),
             "{text}"
         );
         assert!(
@@ -267,5 +279,15 @@ mod tests {
             text.contains(r#"kindred_rejects_total{reason="bad_signature"} 3"#),
             "{text}"
         );
+        assert!(
+            text.contains(r#"kindred_wire_bytes_total{direction="out"} 777"#),
+            "{text}"
+        );
+        // Every metric family is declared once.
+        let mut types: Vec<&str> = text.lines().filter(|l| l.starts_with("# TYPE")).collect();
+        let all = types.len();
+        types.sort_unstable();
+        types.dedup();
+        assert_eq!(types.len(), all, "{text}");
     }
 }

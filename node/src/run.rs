@@ -104,6 +104,13 @@ pub async fn run(
     routing_config.core.lookup.top_m = config.partners;
     routing_config.core.lookup.probes = config.probes;
     routing_config.core.lookup.timeout = round_len.mul_f64(LOOKUP_BUDGET);
+    routing_config.core.discovery = match config.discovery_every {
+        0 | 1 => Discovery::EVERY_ROUND,
+        every => Discovery {
+            every_rounds: every,
+            ..Discovery::default()
+        },
+    };
     raise_open_file_limit(&routing_config);
     let mut following = Following {
         discovery: routing_config.core.discovery,
@@ -435,6 +442,7 @@ async fn run_round(
             let peers = rm.peers.values().chain(std::iter::once(&rm.other_peers));
             (s.bytes_sent, s.bytes_received) =
                 peers.fold((0, 0), |(o, i), p| (o + p.bytes_out, i + p.bytes_in));
+            (s.wire_bytes_sent, s.wire_bytes_received) = (rm.wire_bytes_out, rm.wire_bytes_in);
         }
         s.history.push(record);
         if s.history.len() > MAX_HISTORY {

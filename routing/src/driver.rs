@@ -14,6 +14,7 @@ use kindred_proto::rpc::RequestId;
 use libp2p::core::Endpoint;
 use libp2p::kad::store::RecordStore;
 use libp2p::kad::{self, GetProvidersOk, QueryId, QueryResult, RecordKey};
+use libp2p::metrics::Registry;
 use libp2p::request_response::{self, InboundFailure, OutboundFailure, OutboundRequestId};
 use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
 use libp2p::swarm::{ConnectionId, NetworkBehaviour, SwarmEvent};
@@ -29,6 +30,7 @@ use crate::handle::{BootstrapError, Command, DialError, NodeInfo, ReplayMark, Ro
 use crate::keys::SemanticKey;
 use crate::lookup::{LookupError, LookupId, Partners};
 use crate::store::PacketStore;
+use crate::transport::wire_bytes;
 
 /// Listen addresses taken from one identify message.
 const MAX_IDENTIFY_ADDRS: usize = 16;
@@ -58,6 +60,8 @@ pub(crate) struct Driver {
     bootstraps: HashMap<QueryId, oneshot::Sender<Result<(), BootstrapError>>>,
     addr_book: AddrBook,
     dropped_events: u64,
+    /// Byte counters of every connection ([`crate::transport::count_bytes`]).
+    wire: Registry,
 }
 
 impl Driver {
@@ -68,6 +72,7 @@ impl Driver {
         commands: mpsc::Receiver<Command>,
         events: mpsc::Sender<RoutingEvent>,
         config: RoutingConfig,
+        wire: Registry,
     ) -> Self {
         Self {
             swarm,
@@ -85,6 +90,7 @@ impl Driver {
             bootstraps: HashMap::new(),
             addr_book: AddrBook::new(ADDR_BOOK_PEERS),
             dropped_events: 0,
+            wire,
         }
     }
 
@@ -173,7 +179,9 @@ impl Driver {
                 }
             },
             Command::Metrics { reply } => {
-                let _ = reply.send(self.core.metrics().clone());
+                let mut metrics = self.core.metrics().clone();
+                (metrics.wire_bytes_in, metrics.wire_bytes_out) = wire_bytes(&self.wire);
+                let _ = reply.send(metrics);
             }
             Command::Info { reply } => {
                 let routing_table = self

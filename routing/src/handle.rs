@@ -43,7 +43,8 @@ use crate::driver::Driver;
 use crate::lookup::{LookupError, PartnerQuery, Partners};
 use crate::metrics::RoutingMetrics;
 use crate::store::PacketStore;
-use crate::transport::{TransportError, build_transport};
+use crate::transport::{TransportError, build_transport, count_bytes};
+use libp2p::metrics::Registry;
 
 /// How long [`spawn`] waits for its listeners to report an address.
 const LISTEN_TIMEOUT: Duration = Duration::from_secs(5);
@@ -345,12 +346,16 @@ pub async fn spawn(
         config.core.shards.threshold = k;
     }
     let peer_id = keypair.public().to_peer_id();
-    let transport = build_transport(
-        &keypair,
-        config.transport.kind,
-        config.transport.swarm_key,
-        config.transport.handshake_timeout,
-    )?;
+    let mut wire = Registry::default();
+    let transport = count_bytes(
+        build_transport(
+            &keypair,
+            config.transport.kind,
+            config.transport.swarm_key,
+            config.transport.handshake_timeout,
+        )?,
+        &mut wire,
+    );
     let behaviour = Behaviour::new(&keypair, &config);
     let mut swarm = Swarm::new(
         transport,
@@ -409,7 +414,7 @@ pub async fn spawn(
     let (command_tx, command_rx) = mpsc::channel(config.command_capacity.max(1));
     let (event_tx, event_rx) = mpsc::channel(config.event_capacity.max(1));
     let core = RoutingCore::new(peer_id, config.core.clone());
-    let driver = Driver::new(swarm, core, store, command_rx, event_tx, config);
+    let driver = Driver::new(swarm, core, store, command_rx, event_tx, config, wire);
     tokio::spawn(driver.run());
     Ok((
         RoutingHandle {

@@ -94,6 +94,11 @@ pub struct RoutingMetrics {
     pub headers_accepted: u64,
     /// Verified bodies fetched.
     pub bodies_accepted: u64,
+    /// Bytes received over all connections, every protocol (Kademlia, identify, ping and the
+    /// packet RPCs), above the muxer. Filled in by the driver; 0 for a bare core.
+    pub wire_bytes_in: u64,
+    /// Bytes sent over all connections, every protocol (see [`RoutingMetrics::wire_bytes_in`]).
+    pub wire_bytes_out: u64,
 }
 
 impl RoutingMetrics {

@@ -87,4 +87,21 @@ async fn sixty_four_nodes_find_their_cluster() {
     assert!(metrics.headers.requests_received.messages > 0);
     assert!(metrics.headers.responses_sent.bytes > 0);
     assert_eq!(metrics.bans, 0, "honest nodes must not ban each other");
+    // The connection counters see everything the RPC counters see, and Kademlia's traffic too.
+    let rpc = |k: &kindred_routing::metrics::KindTraffic| {
+        (
+            k.requests_received.bytes + k.responses_received.bytes,
+            k.requests_sent.bytes + k.responses_sent.bytes,
+        )
+    };
+    let (h_in, h_out) = rpc(&metrics.headers);
+    let (b_in, b_out) = rpc(&metrics.body);
+    assert!(
+        metrics.wire_bytes_in > h_in + b_in && metrics.wire_bytes_out > h_out + b_out,
+        "wire {} / {} against RPC {} / {}",
+        metrics.wire_bytes_in,
+        metrics.wire_bytes_out,
+        h_in + b_in,
+        h_out + b_out
+    );
 }

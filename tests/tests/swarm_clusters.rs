@@ -18,12 +18,15 @@ fn eight_nodes_two_clusters_merge_within_their_cluster_and_beat_local_training()
         round_secs: 3.0,
         seed: 11,
         steps: 50,
+        discovery_every: 10,
         dir: Some(dir.path().to_path_buf()),
         binary: kindred_bin(),
     })
     .unwrap();
     demo::print(&report, true);
     assert_eq!(report.rounds, 20, "every node completed its rounds");
+    // All traffic (Kademlia, identify, ping) is more than the packet RPCs alone.
+    assert!(report.wire_bytes_per_node_round > report.bytes_per_node_round);
     for n in &report.per_node {
         println!(
             "node {} cluster {}: Kindred {:.4} local {:.4} ({:+.2} points), {} partners, purity {:.2}",
