@@ -32,6 +32,7 @@ use std::time::Duration;
 
 use kindred_proto::{ModelId, PacketId, VerifiedHeader};
 use libp2p::identity::Keypair;
+use libp2p::metrics::Registry;
 use libp2p::swarm::Config as SwarmConfig;
 use libp2p::{Multiaddr, PeerId, Swarm};
 use tokio::sync::{mpsc, oneshot};
@@ -44,7 +45,6 @@ use crate::lookup::{LookupError, PartnerQuery, Partners};
 use crate::metrics::RoutingMetrics;
 use crate::store::PacketStore;
 use crate::transport::{TransportError, build_transport, count_bytes};
-use libp2p::metrics::Registry;
 
 /// How long [`spawn`] waits for its listeners to report an address.
 const LISTEN_TIMEOUT: Duration = Duration::from_secs(5);
