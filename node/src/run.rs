@@ -104,13 +104,7 @@ pub async fn run(
     routing_config.core.lookup.top_m = config.partners;
     routing_config.core.lookup.probes = config.probes;
     routing_config.core.lookup.timeout = round_len.mul_f64(LOOKUP_BUDGET);
-    routing_config.core.discovery = match config.discovery_every {
-        0 | 1 => Discovery::EVERY_ROUND,
-        every => Discovery {
-            every_rounds: every,
-            ..Discovery::default()
-        },
-    };
+    routing_config.core.discovery.every_rounds = config.discovery_every;
     raise_open_file_limit(&routing_config);
     let mut following = Following {
         discovery: routing_config.core.discovery,

@@ -265,7 +265,8 @@ pub struct RoutingCore {
     pub(crate) hot: HotBands,
     /// Keys this node announced, by window, for serving `GetHeaders` by key.
     pub(crate) announced: BTreeMap<RoundWindow, Vec<SemanticKey>>,
-    pub(crate) by_key: HashMap<SemanticKey, Vec<PacketId>>,
+    /// The packet each announced key serves: the newest one carrying the key's band value.
+    pub(crate) by_key: HashMap<SemanticKey, PacketId>,
     /// The node's newest own packet, served to peers that follow it
     /// ([`kindred_proto::rpc::HeaderQuery::Latest`]).
     pub(crate) latest_own: Option<PacketId>,
@@ -443,7 +444,7 @@ impl RoutingCore {
         // window's other keys keep serving the older packet whose band values they stand for.
         for key in &keys {
             if publish.contains(key) || provided.is_some_and(|p| p.contains(key)) {
-                self.by_key.insert(*key, vec![header.id()]);
+                self.by_key.insert(*key, header.id());
             }
         }
         for key in &publish {

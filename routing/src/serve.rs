@@ -48,10 +48,10 @@ impl RoutingCore {
                         HeaderQuery::Keys(keys) => {
                             let mut ids = Vec::new();
                             for key in keys {
-                                for id in self.by_key.get(key).into_iter().flatten() {
-                                    if !ids.contains(id) {
-                                        ids.push(*id);
-                                    }
+                                if let Some(id) = self.by_key.get(key)
+                                    && !ids.contains(id)
+                                {
+                                    ids.push(*id);
                                 }
                             }
                             ids

@@ -91,7 +91,6 @@ impl LearnArgs {
         }
         match self.discovery_every {
             Some(0) => anyhow::bail!("--discovery-every must be at least 1"),
-            Some(1) => c.discovery = kindred_routing::Discovery::EVERY_ROUND,
             Some(every) => c.discovery.every_rounds = every,
             None => {}
         }
