@@ -8,12 +8,18 @@ use std::time::Duration;
 
 use kindred_tests::{NodeProc, TempDir, free_ports, node_config, wait_for};
 
+/// The DHT search period of every node here, the hostile one included.
+const DISCOVERY_EVERY: u64 = 2;
+
 #[test]
 fn hostile_peer_is_banned_and_nobody_crashes() {
     let dir = TempDir::new("hostile");
     let mut nodes: Vec<NodeProc> = Vec::new();
     for i in 0..3 {
         let mut c = node_config("hostile-test", 0, i, 3, 2.0);
+        // An honest node meets a peer it does not follow only in discovery rounds; searching
+        // every other round lets three offences (a ban) accrue in seconds, not minutes.
+        c.discovery_every = DISCOVERY_EVERY;
         if let Some(first) = nodes.first() {
             c.bootstrap = vec![first.bootstrap_addr()];
         }
@@ -34,6 +40,8 @@ fn hostile_peer_is_banned_and_nobody_crashes() {
             "2",
             "--label-shift",
             "0",
+            "--discovery-every",
+            &DISCOVERY_EVERY.to_string(),
         ])
         .arg("--data-dir")
         .arg(dir.path().join("hostile"))

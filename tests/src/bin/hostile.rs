@@ -7,7 +7,9 @@
 //! penalise it, ban it, and never crash or merge with it.
 //!
 //! Usage: `hostile --data-dir DIR --listen MULTIADDR --bootstrap MULTIADDR --label-shift N
-//! [--round-secs S] [--network NAME]` (stops on SIGTERM or after 10 minutes).
+//! [--round-secs S] [--network NAME] [--discovery-every N]` (stops on SIGTERM or after 10
+//! minutes). `--discovery-every` must match the honest nodes' period, so that its key windows
+//! are theirs.
 #![allow(clippy::print_stdout)]
 
 use std::collections::HashMap;
@@ -73,6 +75,7 @@ fn main() -> anyhow::Result<()> {
     let config = NodeConfig {
         network: arg(&args, "--network").unwrap_or_else(|| "kindred".into()),
         round_secs: arg(&args, "--round-secs").map_or(Ok(2.0), |s| s.parse())?,
+        discovery_every: arg(&args, "--discovery-every").map_or(Ok(10), |s| s.parse())?,
         trainer: TrainerConfig {
             label_shift: arg(&args, "--label-shift").map_or(Ok(0), |s| s.parse())?,
             ..TrainerConfig::default()
@@ -92,6 +95,7 @@ fn main() -> anyhow::Result<()> {
         let mut rc = RoutingConfig::new(NetworkId::from_name(&config.network));
         rc.transport.listen = vec![listen.parse()?];
         rc.transport.listen_addrs_are_external = true;
+        rc.core.discovery.every_rounds = config.discovery_every;
         let keypair = libp2p::identity::Keypair::from(engine.keypair().clone());
         let (routing, _events) = spawn(keypair, rc, poison.clone()).await?;
         // The bootstrap peer is the victim whose identity forged headers claim.
