@@ -220,6 +220,11 @@ impl Collector for RoutingSnapshot {
                 m.kad_requests,
             ),
             (
+                "announce_kad_requests",
+                "Kademlia requests sent by announcements",
+                m.announce_kad_requests,
+            ),
+            (
                 "keys_announced",
                 "Semantic keys announced",
                 m.keys_announced,

@@ -504,11 +504,13 @@ impl RoutingCore {
         self.index.advance(latest);
     }
 
-    /// Report the outcome of one [`Output::StartProviding`].
-    pub fn handle_provide_result(&mut self, announce: AnnounceId, ok: bool) {
+    /// Report the outcome of one [`Output::StartProviding`], which took `kad_requests`
+    /// Kademlia requests (its `FIND_NODE` walk and its `ADD_PROVIDER`s).
+    pub fn handle_provide_result(&mut self, announce: AnnounceId, ok: bool, kad_requests: u32) {
         let Some(state) = self.announces.get_mut(&announce) else {
             return;
         };
+        self.metrics.announce_kad_requests += u64::from(kad_requests);
         state.pending = state.pending.saturating_sub(1);
         if !ok {
             state.failed += 1;

@@ -245,7 +245,7 @@ impl Driver {
                         }
                         Err(e) => {
                             tracing::warn!(error = %e, "cannot store own provider record");
-                            self.core.handle_provide_result(announce, false);
+                            self.core.handle_provide_result(announce, false, 0);
                         }
                     }
                 }
@@ -452,7 +452,8 @@ impl Driver {
                     if let Err(e) = &result {
                         tracing::debug!(error = %e, "provider record not stored remotely");
                     }
-                    self.core.handle_provide_result(announce, result.is_ok());
+                    self.core
+                        .handle_provide_result(announce, result.is_ok(), stats.num_requests());
                 }
             }
             (QueryCtx::Bootstrap, QueryResult::Bootstrap(result)) => {

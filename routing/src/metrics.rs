@@ -88,6 +88,9 @@ pub struct RoutingMetrics {
     pub kad_requests: u64,
     /// Keys announced (provider records published).
     pub keys_announced: u64,
+    /// Kademlia requests those announcements made (walks and `ADD_PROVIDER`s, from kad's query
+    /// statistics).
+    pub announce_kad_requests: u64,
     /// Announcements of a key that failed.
     pub announce_failures: u64,
     /// Verified headers accepted into the index.

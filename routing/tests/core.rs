@@ -89,9 +89,14 @@ fn announce(node: &mut Node, now: Instant) -> Vec<[u8; 32]> {
             _ => {}
         }
     }
+    let requests_before = node.core.metrics().announce_kad_requests;
     for _ in &keys {
-        node.core.handle_provide_result(id, true);
+        node.core.handle_provide_result(id, true, 16);
     }
+    assert_eq!(
+        node.core.metrics().announce_kad_requests - requests_before,
+        16 * keys.len() as u64
+    );
     finished.extend(drain(&mut node.core));
     assert!(matches!(
         finished.as_slice(),

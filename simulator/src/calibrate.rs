@@ -88,6 +88,15 @@ pub struct SideFigures {
     pub success: f64,
     /// Mean recall@5 of the candidates against brute force (sketch cosine).
     pub recall_at_5: f64,
+    /// Kademlia requests per announced key: its `FIND_NODE` walk and its `ADD_PROVIDER`s.
+    pub announce_requests_mean: f64,
+    /// Kademlia bytes per announced key: its `FIND_NODE` walk and its `ADD_PROVIDER`s. Real:
+    /// every byte the nodes wrote to their connections while announcing (framing, stream
+    /// negotiation and identify included).
+    pub announce_bytes_per_key: f64,
+    /// Kademlia bytes per provider lookup. Real: every byte written during the round lookups
+    /// less the packet RPCs' encoded requests and responses (their stream framing stays in).
+    pub lookup_bytes_per_key: f64,
     /// Wall-clock seconds.
     pub seconds: f64,
 }
@@ -110,6 +119,32 @@ impl Calibration {
     pub fn requests_ratio(&self) -> f64 {
         self.model.requests_mean / self.real.requests_mean.max(f64::MIN_POSITIVE)
     }
+
+    /// Model Kademlia bytes per announced key and per provider lookup together / real (1 is
+    /// perfect), weighted as a round weighs them (16 announcements, 24 lookups).
+    pub fn bytes_ratio(&self) -> f64 {
+        let round = |s: &SideFigures| {
+            s.announce_bytes_per_key * KeyConfig::default().bands() as f64
+                + s.lookup_bytes_per_key * s.key_lookups_per_round
+        };
+        round(&self.model) / round(&self.real).max(f64::MIN_POSITIVE)
+    }
+}
+
+/// Bytes the nodes wrote to their connections so far, and the packet RPCs' encoded share.
+async fn bytes_written(nodes: &[Node]) -> (u64, u64, u64) {
+    let (mut wire, mut rpc, mut announce_requests) = (0, 0, 0);
+    for n in nodes {
+        if let Some(m) = n.handle.metrics().await {
+            wire += m.wire_bytes_out;
+            announce_requests += m.announce_kad_requests;
+            rpc += [m.headers, m.body]
+                .iter()
+                .map(|k| k.requests_sent.bytes + k.responses_sent.bytes)
+                .sum::<u64>();
+        }
+    }
+    (wire, rpc, announce_requests)
 }
 
 /// The planted workload shared by both sides.
@@ -297,15 +332,18 @@ async fn real_swarm(
         }
         progress("bootstrap", ((c + 1) * 16).min(n) as u64, n as u64);
     }
+    let before_announce = bytes_written(&nodes).await;
+    let mut keys_announced = 0usize;
     for (c, chunk) in nodes.chunks(32).enumerate() {
         let runs = chunk
             .iter()
             .map(|n| n.handle.announce(n.packet.header.clone()));
         for r in futures::future::join_all(runs).await {
-            r?;
+            keys_announced += r?.keys;
         }
         progress("announce", ((c + 1) * 32).min(n) as u64, n as u64);
     }
+    let before_lookups = bytes_written(&nodes).await;
     let index: HashMap<PeerId, usize> = nodes
         .iter()
         .enumerate()
@@ -356,13 +394,23 @@ async fn real_swarm(
             n as u64,
         );
     }
+    let after = bytes_written(&nodes).await;
     futures::future::join_all(nodes.iter().map(|n| n.handle.shutdown())).await;
+    let lookup_bytes = after
+        .0
+        .saturating_sub(before_lookups.0)
+        .saturating_sub(after.1.saturating_sub(before_lookups.1));
     Ok(SideFigures {
         requests_p50: quantile(&requests, 0.5),
         requests_mean: mean(&requests),
         key_lookups_per_round: key_lookups as f64 / n as f64,
         success: found_any as f64 / eligible.max(1) as f64,
         recall_at_5: recall / n as f64,
+        announce_requests_mean: before_lookups.2.saturating_sub(before_announce.2) as f64
+            / keys_announced.max(1) as f64,
+        announce_bytes_per_key: before_lookups.0.saturating_sub(before_announce.0) as f64
+            / keys_announced.max(1) as f64,
+        lookup_bytes_per_key: lookup_bytes as f64 / key_lookups.max(1) as f64,
         seconds: t.elapsed().as_secs_f64(),
     })
 }
@@ -402,12 +450,18 @@ fn model(w: &Workload, seed: u64) -> Result<SideFigures, CalibrateError> {
         recall += t.iter().filter(|x| got.contains(x)).count() as f64 / t.len().max(1) as f64;
     }
     let requests: Vec<f64> = r.provider_rpcs.iter().map(|&x| f64::from(x)).collect();
+    let key_lookups: f64 = r.key_lookups.iter().map(|&k| f64::from(k)).sum();
+    let keys_announced = n * keys.bands();
     Ok(SideFigures {
         requests_p50: quantile(&requests, 0.5),
         requests_mean: mean(&requests),
-        key_lookups_per_round: r.key_lookups.iter().map(|&k| f64::from(k)).sum::<f64>() / n as f64,
+        key_lookups_per_round: key_lookups / n as f64,
         success: found_any as f64 / eligible.max(1) as f64,
         recall_at_5: recall / n as f64,
+        announce_requests_mean: r.announce_rpcs as f64 / keys_announced.max(1) as f64,
+        announce_bytes_per_key: r.announce_bytes as f64 / keys_announced.max(1) as f64,
+        lookup_bytes_per_key: r.total_bytes.saturating_sub(r.announce_bytes) as f64
+            / key_lookups.max(1.0),
         seconds: t.elapsed().as_secs_f64(),
     })
 }
@@ -467,9 +521,14 @@ mod tests {
         for s in [&c.real, &c.model] {
             assert!(s.success > 0.99 && s.key_lookups_per_round >= 16.0, "{s:?}");
             assert!(s.requests_mean >= 1.0);
+            // A key's walk and its `ADD_PROVIDER`s, and a provider lookup, each move at least
+            // one answer listing every other node (11 peer ids of 38 bytes).
+            assert!(s.announce_bytes_per_key > 418.0, "{s:?}");
+            assert!(s.lookup_bytes_per_key > 418.0, "{s:?}");
         }
         // At 12 nodes every table holds everyone: both sides ask the holders directly.
         assert!((c.requests_ratio() - 1.0).abs() < 0.5, "{c:?}");
+        assert!(c.bytes_ratio() > 0.1 && c.bytes_ratio() < 10.0, "{c:?}");
     }
 
     #[test]

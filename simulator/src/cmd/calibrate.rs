@@ -33,6 +33,9 @@ fn side(s: &SideFigures) -> Value {
         "key_lookups_per_round": s.key_lookups_per_round,
         "success": s.success,
         "recall_at_5": s.recall_at_5,
+        "announce_requests_mean": s.announce_requests_mean,
+        "announce_bytes_per_key": s.announce_bytes_per_key,
+        "lookup_bytes_per_key": s.lookup_bytes_per_key,
         "seconds": s.seconds,
     })
 }
@@ -44,6 +47,7 @@ fn entry(c: &Calibration, tolerance: f64) -> Value {
         "real": side(&c.real),
         "model": side(&c.model),
         "requests_ratio": c.requests_ratio(),
+        "bytes_ratio": c.bytes_ratio(),
         "within_tolerance": (c.requests_ratio() - 1.0).abs() <= tolerance,
     })
 }
@@ -77,6 +81,9 @@ pub(crate) fn run(args: &CalibrateArgs) -> anyhow::Result<()> {
             "lookups/round",
             "success",
             "recall@5",
+            "req/announce",
+            "B/announce",
+            "B/lookup",
             "s",
         ],
     );
@@ -90,6 +97,9 @@ pub(crate) fn run(args: &CalibrateArgs) -> anyhow::Result<()> {
                 format!("{:.1}", s.key_lookups_per_round),
                 format!("{:.3}", s.success),
                 format!("{:.3}", s.recall_at_5),
+                format!("{:.2}", s.announce_requests_mean),
+                format!("{:.0}", s.announce_bytes_per_key),
+                format!("{:.0}", s.lookup_bytes_per_key),
                 format!("{:.1}", s.seconds),
             ]);
         }
@@ -100,6 +110,9 @@ pub(crate) fn run(args: &CalibrateArgs) -> anyhow::Result<()> {
             String::new(),
             String::new(),
             String::new(),
+            String::new(),
+            String::new(),
+            format!("bytes {:.3}", c.bytes_ratio()),
             String::new(),
             String::new(),
         ]);
@@ -119,6 +132,9 @@ pub(crate) fn run(args: &CalibrateArgs) -> anyhow::Result<()> {
                         format!("{:.6}", s.key_lookups_per_round),
                         format!("{:.6}", s.success),
                         format!("{:.6}", s.recall_at_5),
+                        format!("{:.6}", s.announce_requests_mean),
+                        format!("{:.1}", s.announce_bytes_per_key),
+                        format!("{:.1}", s.lookup_bytes_per_key),
                         format!("{:.3}", s.seconds),
                     ]
                 })
@@ -134,6 +150,9 @@ pub(crate) fn run(args: &CalibrateArgs) -> anyhow::Result<()> {
                 "key_lookups_per_round",
                 "success",
                 "recall_at_5",
+                "announce_requests_mean",
+                "announce_bytes_per_key",
+                "lookup_bytes_per_key",
                 "seconds",
             ],
             &rows,
@@ -160,6 +179,7 @@ pub(crate) fn run(args: &CalibrateArgs) -> anyhow::Result<()> {
             "requests_per_lookup_model".into(),
             json!(last.model.requests_mean),
         );
+        o.insert("bytes_ratio".into(), json!(last.bytes_ratio()));
         o.insert("success_real".into(), json!(last.real.success));
         o.insert("success_model".into(), json!(last.model.success));
     }

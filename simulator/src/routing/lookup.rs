@@ -25,9 +25,11 @@ use super::traffic::{MessageSizes, Phase, Traffic};
 /// `kindred-routing`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KadParams {
-    /// k-bucket size. Default 20 (libp2p's `K_VALUE`).
+    /// k-bucket size, and closer peers per answer. Default 20 (libp2p's `K_VALUE`: libp2p-kad
+    /// answers `FIND_NODE` and `GET_PROVIDERS` with up to 20 closer peers whatever the
+    /// replication factor).
     pub bucket_size: usize,
-    /// Replication factor: closer peers per answer, providers per answer, closest peers a
+    /// Replication factor: providers per answer, closest peers a
     /// lookup must reach, holders per provider record (`kindred_routing::KadConfig`'s).
     pub replication: usize,
     /// Lookup parallelism `α` (`kindred_routing::KadConfig`'s).
@@ -164,6 +166,44 @@ struct Ev {
     arrive: Micros,
 }
 
+/// Node `y`'s answer to `job`'s request, which reached it at `arrive`: its closer peers into
+/// `closer` and the providers it holds into `providers`, with the answer's bytes counted.
+/// libp2p-kad answers with up to `K_VALUE` closer peers whatever the replication factor, and its
+/// iterator takes them all as candidates.
+fn answer(
+    net: &Net<'_>,
+    job: &Job,
+    y: u32,
+    arrive: Micros,
+    closer: &mut Vec<(u64, u32)>,
+    providers: &mut Vec<u32>,
+) {
+    let p = net.params;
+    let q = job.querier;
+    net.tables
+        .closest(net.ids, y, job.target, p.bucket_size, q, closer);
+    providers.clear();
+    if job.kind == Kind::GetProviders {
+        net.records.providers_at(
+            net.timelines,
+            y,
+            job.target,
+            arrive,
+            q,
+            p.max_providers_per_key,
+            p.replication,
+            providers,
+        );
+    }
+    let entries = (closer.len() + providers.len()) as u32;
+    net.traffic.message(
+        job.phase,
+        y,
+        q,
+        net.sizes.response_base + entries * net.sizes.peer_entry,
+    );
+}
+
 /// Run `job` on `net` to completion.
 pub fn run(net: &Net<'_>, job: &Job) -> Outcome {
     let p = net.params;
@@ -252,28 +292,7 @@ pub fn run(net: &Net<'_>, job: &Job) -> Outcome {
         match ev.kind {
             EvKind::Response => {
                 let y = ev.node;
-                net.tables
-                    .closest(net.ids, y, job.target, p.replication, q, &mut scratch);
-                provs.clear();
-                if job.kind == Kind::GetProviders {
-                    net.records.providers_at(
-                        net.timelines,
-                        y,
-                        job.target,
-                        ev.arrive,
-                        q,
-                        p.max_providers_per_key,
-                        p.replication,
-                        &mut provs,
-                    );
-                }
-                let entries = (scratch.len() + provs.len()) as u32;
-                net.traffic.message(
-                    job.phase,
-                    y,
-                    q,
-                    sizes.response_base + entries * sizes.peer_entry,
-                );
+                answer(net, job, y, ev.arrive, &mut scratch, &mut provs);
                 let mut new_provider = false;
                 for &pr in &provs {
                     if pr != q && !out.providers.contains(&pr) {
@@ -312,6 +331,13 @@ pub fn run(net: &Net<'_>, job: &Job) -> Outcome {
                 it.on_failure(ev.dist);
             }
             EvKind::Tick => {}
+        }
+    }
+    // Requests still in flight when the lookup ended were answered all the same: the answers
+    // are on the wire even though the iterator no longer reads them.
+    for Reverse(ev) in queue {
+        if ev.kind == EvKind::Response && ev.arrive <= deadline {
+            answer(net, job, ev.node, ev.arrive, &mut scratch, &mut provs);
         }
     }
     out.duration = now - job.start;

@@ -56,6 +56,10 @@ pub struct OverlayRound {
     pub node_bytes: Vec<u64>,
     /// All DHT bytes on the wire this round.
     pub total_bytes: u64,
+    /// Of which announcements (`FIND_NODE` walks and `ADD_PROVIDER`).
+    pub announce_bytes: u64,
+    /// Requests of every announcement (walks and `ADD_PROVIDER`s).
+    pub announce_rpcs: u64,
     /// DHT lookups run (announcements and lookups).
     pub lookups: usize,
     /// Mean requests per `GET_PROVIDERS` lookup.
@@ -169,12 +173,17 @@ impl Overlay {
                 });
             }
         }
-        let stored: Vec<_> = {
+        let (stored, announce_rpcs): (Vec<_>, Vec<u32>) = {
             let net = self.net(&records, &traffic);
             jobs.par_iter()
-                .filter_map(|j| lookup::run(&net, j).stored)
-                .collect()
+                .map(|j| {
+                    let o = lookup::run(&net, j);
+                    (o.stored, o.rpcs)
+                })
+                .unzip()
         };
+        let announce_rpcs: u64 = announce_rpcs.into_iter().map(u64::from).sum();
+        let stored: Vec<_> = stored.into_iter().flatten().collect();
         let mut lookups = jobs.len();
         records.extend(stored);
         // Look up.
@@ -236,6 +245,8 @@ impl Overlay {
             found,
             node_bytes: traffic.per_node(),
             total_bytes: traffic.announce.load(ord) + traffic.query.load(ord),
+            announce_bytes: traffic.announce.load(ord),
+            announce_rpcs,
             lookups,
             rpcs_mean: rpcs as f64 / per,
             hops_mean: hops as f64 / per,

@@ -1,33 +1,41 @@
 //! Per-message bandwidth accounting.
 //!
-//! Sizes are those of libp2p-kad's protobuf messages as carried over yamux and Noise: each frame
-//! pays a yamux header (12 B), a Noise length and tag (18 B) and a varint length prefix. A peer
-//! entry is a 38-byte ed25519 `PeerId`, one binary multiaddr (`/ip4/…/tcp/…`, 9 B) and protobuf
-//! tags. Connection handshakes are not counted (libp2p keeps connections open for the idle
-//! timeout, and lookups mostly reuse them); the figures are per-message payload plus framing.
+//! Sizes are those of libp2p-kad's protobuf messages as a node's connection counter
+//! (`kindred_routing::transport::wire_bytes`) sees them: stream payloads above the muxer, so
+//! multistream-select's negotiation of every Kademlia substream is in (the dialer's header and
+//! protocol, 40 B, and the listener's echo, 40 B) and yamux and Noise framing are not (about
+//! 30 B more per frame on a real link, as for every other figure in the simulator). A peer entry
+//! is a 38-byte ed25519 `PeerId` and one address, which libp2p-kad stores and sends with a
+//! `/p2p/<peer id>` suffix: `/ip4/…/tcp/…/p2p/…`, 49 B. Connection handshakes and identify are
+//! not counted (libp2p keeps connections open for the idle timeout, and lookups mostly reuse
+//! them). `kindred-sim calibrate` checks these sizes against a real swarm's counter.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Byte sizes of Kademlia messages on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MessageSizes {
-    /// `FIND_NODE` or `GET_PROVIDERS` request: a 32-byte key and framing.
+    /// `FIND_NODE` or `GET_PROVIDERS` request: the dialer's stream negotiation (40 B), a length
+    /// prefix, the message type and the 32-byte key (37 B).
     pub request: u32,
-    /// Fixed part of a response.
+    /// Fixed part of a response: the listener's negotiation echo (40 B), a length prefix and the
+    /// message type.
     pub response_base: u32,
-    /// Each peer (closer peer or provider) in a response.
+    /// Each peer (closer peer or provider) in a response: the peer id (40 B), its `/p2p`
+    /// address (51 B), the connection type and the entry's own tag and length.
     pub peer_entry: u32,
-    /// `ADD_PROVIDER`: key, provider entry and framing.
+    /// `ADD_PROVIDER` (answered by nothing): both negotiations, the key and the provider's
+    /// entry.
     pub add_provider: u32,
 }
 
 impl Default for MessageSizes {
     fn default() -> Self {
         Self {
-            request: 72,
-            response_base: 40,
-            peer_entry: 56,
-            add_provider: 136,
+            request: 77,
+            response_base: 44,
+            peer_entry: 95,
+            add_provider: 213,
         }
     }
 }
