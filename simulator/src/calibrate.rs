@@ -91,8 +91,8 @@ pub struct SideFigures {
     /// Kademlia requests per announced key: its `FIND_NODE` walk and its `ADD_PROVIDER`s.
     pub announce_requests_mean: f64,
     /// Kademlia bytes per announced key: its `FIND_NODE` walk and its `ADD_PROVIDER`s. Real:
-    /// every byte the nodes wrote to their connections while announcing (framing, stream
-    /// negotiation and identify included).
+    /// every byte the nodes wrote to their connections while announcing, above the muxer (stream
+    /// negotiation and any identify exchange included, yamux and Noise framing not).
     pub announce_bytes_per_key: f64,
     /// Kademlia bytes per provider lookup. Real: every byte written during the round lookups
     /// less the packet RPCs' encoded requests and responses (their stream framing stays in).
