@@ -528,7 +528,8 @@ mod tests {
         }
         // At 12 nodes every table holds everyone: both sides ask the holders directly.
         assert!((c.requests_ratio() - 1.0).abs() < 0.5, "{c:?}");
-        assert!(c.bytes_ratio() > 0.1 && c.bytes_ratio() < 10.0, "{c:?}");
+        // Bytes too (0.96-1.01 on seeds 1-5; the model before its calibration gave 0.16 at 64).
+        assert!((c.bytes_ratio() - 1.0).abs() < 0.25, "{c:?}");
     }
 
     #[test]
