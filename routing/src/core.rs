@@ -198,8 +198,15 @@ pub(crate) struct AnnounceState {
 /// What an outbound request was for.
 #[derive(Debug, Clone)]
 pub(crate) enum Want {
-    Headers { keys: Vec<SemanticKey> },
-    Body { packet: PacketId },
+    /// The peer's headers announced under `keys` (a peer found in the DHT).
+    Headers {
+        keys: Vec<SemanticKey>,
+    },
+    /// The peer's newest own header (a followed peer, [`crate::Discovery`]).
+    Latest,
+    Body {
+        packet: PacketId,
+    },
 }
 
 #[derive(Debug, Clone)]

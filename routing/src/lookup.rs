@@ -506,7 +506,7 @@ impl RoutingCore {
             return;
         }
         let kind = match pending.want {
-            Want::Headers { .. } => RpcKind::Headers,
+            Want::Headers { .. } | Want::Latest => RpcKind::Headers,
             Want::Body { .. } => RpcKind::Body,
         };
         match &result {
@@ -521,9 +521,13 @@ impl RoutingCore {
             Err(failure) => self.count_failure(kind, failure),
         }
         match pending.want {
-            Want::Headers { keys } => {
+            Want::Headers { .. } | Want::Latest => {
+                let keys = match &pending.want {
+                    Want::Headers { keys } => Some(&keys[..]),
+                    _ => None,
+                };
                 if let Ok(response) = result {
-                    self.on_headers(pending.lookup, peer, id, &keys, response, now);
+                    self.on_headers(pending.lookup, peer, id, keys, response, now);
                 }
                 if let Some(l) = self.lookups.get_mut(&pending.lookup) {
                     l.headers_in_flight = l.headers_in_flight.saturating_sub(1);
@@ -546,7 +550,7 @@ impl RoutingCore {
         lookup: LookupId,
         peer: PeerId,
         id: RequestId,
-        keys: &[SemanticKey],
+        keys: Option<&[SemanticKey]>,
         response: RpcResponse,
         now: Instant,
     ) {
@@ -604,12 +608,13 @@ impl RoutingCore {
         }
     }
 
-    /// Verify one header against the request that fetched it.
+    /// Verify one header against the request that fetched it: `keys` it was served under, or
+    /// `None` for a followed peer's newest header.
     fn check_header(
         &self,
         lookup: LookupId,
         peer: PeerId,
-        keys: &[SemanticKey],
+        keys: Option<&[SemanticKey]>,
         bytes: &[u8],
     ) -> Result<VerifiedHeader, (&'static str, Severity)> {
         let header = decode_header(bytes).map_err(|e| (e.reason(), decode_severity(&e)))?;
@@ -629,9 +634,13 @@ impl RoutingCore {
         }
         // A followed peer's newest header needs no key: the peer was found, and its header
         // checked against a key, in an earlier lookup.
-        if keys.is_empty() && l.followed.as_ref().is_some_and(|f| f.contains(&peer)) {
-            return Ok(header);
-        }
+        let Some(keys) = keys else {
+            return if l.followed.as_ref().is_some_and(|f| f.contains(&peer)) {
+                Ok(header)
+            } else {
+                Err(("key_mismatch", Severity::Minor))
+            };
+        };
         // The header must carry the band value of at least one key it was served under.
         let bands = self.config.keys;
         let matches = keys.iter().any(|k| {
@@ -727,7 +736,7 @@ impl RoutingCore {
     pub(crate) fn send(&mut self, lookup: LookupId, peer: PeerId, want: Want) {
         let id = RequestId(self.next_id());
         let request = match &want {
-            Want::Headers { keys } if keys.is_empty() => RpcRequest::GetHeaders {
+            Want::Latest => RpcRequest::GetHeaders {
                 id,
                 query: HeaderQuery::Latest,
             },
@@ -770,7 +779,12 @@ impl RoutingCore {
                         }
                         l.headers_in_flight += 1;
                         l.stats.header_requests += 1;
-                        self.send(id, peer, Want::Headers { keys });
+                        let want = if l.followed.is_some() {
+                            Want::Latest
+                        } else {
+                            Want::Headers { keys }
+                        };
+                        self.send(id, peer, want);
                         continue;
                     }
                     if l.keys_pending == 0 && l.queue.is_empty() && l.headers_in_flight == 0 {
