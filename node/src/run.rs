@@ -7,7 +7,7 @@
 //! | at | step |
 //! |---|---|
 //! | 0 | train (or take the external trainer's update), distill, seal, store, announce |
-//! | [`LOOKUP_AT`] × T | look up partners (search the DHT in discovery rounds, otherwise ask the followed partners, see [`Discovery`]); the lookup's deadline is [`LOOKUP_BUDGET`] × T |
+//! | [`LOOKUP_AT`] × T | look up partners (search the DHT in discovery rounds, otherwise ask the followed partners, see [`Follower`]); the lookup's deadline is [`LOOKUP_BUDGET`] × T |
 //! | when it returns | verify, synthesize, apply, evaluate, checkpoint, report |
 //!
 //! A slow or silent peer costs at most the lookup deadline: whatever was found by then is merged.
@@ -21,7 +21,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::Context;
 use kindred_proto::PacketId;
 use kindred_routing::{
-    Discovery, NetworkId, PacketStore, PartnerQuery, RoutingConfig, RoutingHandle,
+    Follower, NetworkId, PacketStore, PartnerQuery, RoundPlan, RoutingConfig, RoutingHandle,
     spawn as spawn_routing,
 };
 use libp2p::pnet::PreSharedKey;
@@ -106,12 +106,10 @@ pub async fn run(
     routing_config.core.lookup.timeout = round_len.mul_f64(LOOKUP_BUDGET);
     routing_config.core.discovery.every_rounds = config.discovery_every;
     raise_open_file_limit(&routing_config);
-    let mut following = Following {
-        discovery: routing_config.core.discovery,
-        min_cosine: routing_config.core.lookup.min_cosine,
-        peers: Vec::new(),
-        rounds_run: 0,
-    };
+    let mut following = Follower::new(
+        routing_config.core.discovery,
+        routing_config.core.lookup.min_cosine,
+    );
     let keypair = libp2p::identity::Keypair::from(engine.keypair().clone());
     let (routing, mut events) = spawn_routing(
         keypair,
@@ -257,17 +255,6 @@ async fn sleep_until_ms(t: u64) {
     }
 }
 
-/// Whom the node follows between discovery rounds ([`Discovery`]).
-#[derive(Debug)]
-struct Following {
-    discovery: Discovery,
-    min_cosine: f32,
-    /// The best peers of the last lookup.
-    peers: Vec<PeerId>,
-    /// Rounds whose lookup has run.
-    rounds_run: u64,
-}
-
 /// One round; see the module docs for the schedule.
 #[allow(clippy::too_many_arguments)]
 async fn run_round(
@@ -275,7 +262,7 @@ async fn run_round(
     routing: &RoutingHandle,
     shared: &Shared,
     updates: &mut mpsc::Receiver<ExternalUpdate>,
-    following: &mut Following,
+    following: &mut Follower<PeerId>,
     round: u64,
     start: u64,
     t_ms: u64,
@@ -298,28 +285,27 @@ async fn run_round(
 
     sleep_until_ms(start + (t_ms as f64 * LOOKUP_AT) as u64).await;
     let lookup_began = std::time::Instant::now();
-    let searched = following
-        .discovery
-        .searches(round, following.rounds_run, following.peers.len());
     let mut query = PartnerQuery::new(
         out.packet.header.clone(),
         out.margins.clone(),
         engine.spec().clone(),
     );
-    if !searched {
-        query = query.following(following.peers.clone());
-    }
-    following.rounds_run += 1;
+    let searched = match following.start_round(round) {
+        RoundPlan::Search => true,
+        RoundPlan::Follow(peers) => {
+            query = query.following(peers.to_vec());
+            false
+        }
+    };
     let budget = Duration::from_millis((t_ms as f64 * LOOKUP_BUDGET) as u64 + 200);
     let mut candidates = Vec::new();
     let found = match tokio::time::timeout(budget, routing.find_partners(query)).await {
         Ok(Ok(p)) => {
             candidates = p.candidates.iter().map(|c| c.cosine).collect();
-            following.peers = following.discovery.next_follow(
+            following.lookup_done(
                 p.candidates
                     .iter()
                     .map(|c| (c.header.header().sender, c.cosine)),
-                following.min_cosine,
             );
             tracing::debug!(round, stats = ?p.stats, "lookup");
             p.packets

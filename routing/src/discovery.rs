@@ -29,6 +29,10 @@
 //! let next = d.next_follow([("a", 0.9), ("b", 0.4), ("c", 0.7)], 0.5);
 //! assert_eq!(next, vec!["a", "c"]);
 //! ```
+//!
+//! [`Follower`] is one node's side of the schedule, a sans-IO state machine: the node
+//! (`kindred-node`) and every virtual node of the simulator (`kindred-sim learn`) ask it each
+//! round whether to search or whom to ask, and tell it what the round's lookup ranked.
 
 use crate::keys::RoundWindow;
 
@@ -119,6 +123,89 @@ impl Discovery {
     }
 }
 
+/// What a node does for partners in a round ([`Follower::start_round`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RoundPlan<'a, P> {
+    /// Search the DHT: announce-window keys, providers, their headers.
+    Search,
+    /// Ask these followed peers for their newest headers; no DHT traffic.
+    Follow(&'a [P]),
+}
+
+/// One node's side of the [`Discovery`] schedule: the peers it follows and the rounds it has run.
+///
+/// The node and the simulator drive the same state machine, so a simulated swarm searches and
+/// follows exactly when real nodes do. Call [`Follower::start_round`] once per round before the
+/// partner lookup, and [`Follower::lookup_done`] with the candidates a lookup ranked (a failed
+/// lookup reports nothing: the follow list is kept).
+///
+/// ```
+/// use kindred_routing::discovery::{Discovery, Follower, RoundPlan};
+///
+/// let mut f = Follower::new(Discovery::default(), 0.5);
+/// for round in 0..3 {
+///     // Warm-up: the first three rounds search.
+///     assert_eq!(f.start_round(round), RoundPlan::Search);
+///     f.lookup_done([("a", 0.9), ("b", 0.3), ("c", 0.6)]);
+/// }
+/// // Then the best peers at or above the threshold are followed until round 10.
+/// assert_eq!(f.start_round(3), RoundPlan::Follow(&["a", "c"][..]));
+/// // A followed peer that dropped below the threshold is dropped.
+/// f.lookup_done([("a", 0.9), ("c", 0.2)]);
+/// assert_eq!(f.start_round(4), RoundPlan::Follow(&["a"][..]));
+/// ```
+#[derive(Debug, Clone)]
+pub struct Follower<P> {
+    discovery: Discovery,
+    min_cosine: f32,
+    /// The best peers of the last lookup.
+    peers: Vec<P>,
+    /// Rounds started so far.
+    rounds_run: u64,
+}
+
+impl<P: PartialEq + Clone> Follower<P> {
+    /// A node that has run no round yet, following candidates at or above `min_cosine` (the
+    /// lookup's sketch-cosine threshold).
+    pub fn new(discovery: Discovery, min_cosine: f32) -> Self {
+        Self {
+            discovery,
+            min_cosine,
+            peers: Vec::new(),
+            rounds_run: 0,
+        }
+    }
+
+    /// Start `round`: whether to search the DHT or whom to follow ([`Discovery::searches`]).
+    pub fn start_round(&mut self, round: u64) -> RoundPlan<'_, P> {
+        let search = self
+            .discovery
+            .searches(round, self.rounds_run, self.peers.len());
+        self.rounds_run += 1;
+        if search {
+            RoundPlan::Search
+        } else {
+            RoundPlan::Follow(&self.peers)
+        }
+    }
+
+    /// The round's lookup ranked these candidates (`(peer, sketch cosine)`, in any order):
+    /// follow the best of them ([`Discovery::next_follow`]).
+    pub fn lookup_done(&mut self, ranked: impl IntoIterator<Item = (P, f32)>) {
+        self.peers = self.discovery.next_follow(ranked, self.min_cosine);
+    }
+
+    /// The peers followed now, best first.
+    pub fn peers(&self) -> &[P] {
+        &self.peers
+    }
+
+    /// Rounds started so far.
+    pub fn rounds_run(&self) -> u64 {
+        self.rounds_run
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -178,5 +265,29 @@ mod tests {
         assert_eq!(d.next_follow(ranked, 0.5), vec![3, 2, 4]);
         assert!(d.next_follow(ranked, 0.95).is_empty());
         assert!(Discovery::EVERY_ROUND.next_follow(ranked, 0.0).is_empty());
+    }
+
+    #[test]
+    fn a_follower_searches_in_warm_up_and_discovery_rounds_and_when_alone() {
+        let mut f = Follower::new(Discovery::default(), 0.5);
+        let mut searched = Vec::new();
+        for round in 0..25u64 {
+            if f.start_round(round) == RoundPlan::Search {
+                searched.push(round);
+            }
+            // Nobody qualifies in round 12: the node searches in round 13 too.
+            let c = if round == 12 { 0.1 } else { 0.8 };
+            f.lookup_done([(1u32, c), (2, c)]);
+        }
+        assert_eq!(searched, vec![0, 1, 2, 10, 13, 20]);
+        assert_eq!(f.rounds_run(), 25);
+        assert_eq!(f.peers(), &[1, 2]);
+        // A node that joins late warms up for its own first rounds.
+        let mut late = Follower::new(Discovery::default(), 0.5);
+        for round in 1_000_005..1_000_008u64 {
+            assert_eq!(late.start_round(round), RoundPlan::Search);
+            late.lookup_done([(7u32, 0.9)]);
+        }
+        assert_eq!(late.start_round(1_000_008), RoundPlan::Follow(&[7][..]));
     }
 }

@@ -55,7 +55,7 @@ pub use config::{
     TransportKind,
 };
 pub use core::{AnnounceError, AnnounceId, AnnounceReport, Output, RequestFailure, RoutingCore};
-pub use discovery::Discovery;
+pub use discovery::{Discovery, Follower, RoundPlan};
 pub use handle::{
     BootstrapError, DialError, NodeInfo, ReplayMark, RoutingEvent, RoutingHandle, SpawnError, spawn,
 };

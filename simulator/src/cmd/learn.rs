@@ -58,6 +58,10 @@ pub(crate) struct LearnArgs {
     /// their best partners in between (default: kindred-routing's 10; 1 searches every round).
     #[arg(long)]
     pub(crate) discovery_every: Option<u64>,
+    /// Peers a semantic node follows between discovery rounds (default: kindred-routing's 10; 0
+    /// follows nobody, so the node searches the DHT every round).
+    #[arg(long)]
+    pub(crate) follow: Option<usize>,
     /// Honest nodes tracked every round (all are evaluated at the end).
     #[arg(long, default_value_t = 64)]
     pub(crate) eval_nodes: usize,
@@ -93,6 +97,9 @@ impl LearnArgs {
             Some(0) => anyhow::bail!("--discovery-every must be at least 1"),
             Some(every) => c.discovery.every_rounds = every,
             None => {}
+        }
+        if let Some(f) = self.follow {
+            c.discovery.follow = f;
         }
         c.eval_nodes = self.eval_nodes;
         c.eval_examples = self.eval_examples;

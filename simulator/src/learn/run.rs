@@ -12,7 +12,7 @@
 //!    margins; the packet is sealed with the node's ed25519 key (`kindred_proto::seal`) so its
 //!    wire size is exact, and peers see the decoded body (`kindred_distill::decode`).
 //! 3. **Partners**: nobody, everybody, the true cluster, random peers, or the semantic partners.
-//!    Semantic nodes search as the node does ([`kindred_routing::Discovery`]): in discovery
+//!    Semantic nodes search as the node does (each drives a [`kindred_routing::Follower`]): in discovery
 //!    rounds (and when they have nobody left to follow) the candidates are the providers their
 //!    band-key and probe lookups returned in the routing model ([`Overlay`]); in the rounds
 //!    between, the peers they follow, each asked for its newest header. Candidates are ranked
@@ -37,6 +37,7 @@ use kindred_distill::{
 };
 use kindred_node::trainer::{Examples, Mnist, Model, ModelError, Split};
 use kindred_proto::{Embedding, HeaderFields, ModelSpec, SIMHASH_BITS, SimHash, seal};
+use kindred_routing::{Follower, RoundPlan};
 use libp2p_identity::ed25519;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -182,8 +183,9 @@ struct State {
     origin: Vec<f32>,
     params: Vec<Vec<f32>>,
     distillers: Vec<Distiller>,
-    /// Per node, the peers it follows between discovery rounds (semantic policy).
-    follow: Vec<Vec<u32>>,
+    /// Per node, whether it searches and whom it follows between discovery rounds (semantic
+    /// policy).
+    follow: Vec<Follower<u32>>,
     report: PolicyReport,
 }
 
@@ -202,8 +204,8 @@ struct Packed {
 #[derive(Default)]
 struct Merged {
     update: Vec<f32>,
-    /// Whom the node follows next (semantic policy).
-    follow: Vec<u32>,
+    /// The candidates the node's lookup ranked, `(peer, sketch cosine)` (semantic policy).
+    ranked: Vec<(u32, f32)>,
     accepted: Vec<u32>,
     rejected: usize,
     candidates: usize,
@@ -333,7 +335,7 @@ pub fn run(cfg: &LearnConfig, progress: ProgressFn<'_>) -> Result<LearnReport, L
                 origin: init_params.clone(),
                 params: vec![init_params.clone(); cfg.nodes],
                 distillers,
-                follow: vec![Vec::new(); cfg.nodes],
+                follow: vec![Follower::new(cfg.discovery, cfg.min_cosine); cfg.nodes],
                 report: PolicyReport {
                     name: p.name.clone(),
                     ..PolicyReport::default()
@@ -576,28 +578,24 @@ fn step(
         (Partners::Semantic, Some(ov)) => {
             let sigs: Vec<SimHash> = packed.iter().map(|p| p.embedding.simhash).collect();
             let margins: Vec<[f32; SIMHASH_BITS]> = packed.iter().map(|p| p.margins).collect();
-            let follow = &state.follow;
-            let searching: Vec<bool> = (0..n)
-                .map(|i| {
-                    let followed = follow.get(i).map_or(0, Vec::len);
-                    cfg.discovery.searches(r64, r64, followed)
+            // `None`: search the DHT; otherwise the followed peers.
+            let plans: Vec<Option<Vec<u32>>> = state
+                .follow
+                .iter_mut()
+                .map(|f| match f.start_round(r64) {
+                    RoundPlan::Search => None,
+                    RoundPlan::Follow(peers) => Some(peers.to_vec()),
                 })
                 .collect();
+            let searching: Vec<bool> = plans.iter().map(Option::is_none).collect();
             searches = searching.iter().filter(|&&s| s).count();
             let window = cfg.discovery.window(r64).0;
             let r = ov.round(window, &sigs, &margins, &searching)?;
             dht_total = r.total_bytes as f64;
             r.found
                 .into_iter()
-                .zip(&searching)
-                .enumerate()
-                .map(|(i, (found, &s))| {
-                    if s {
-                        found
-                    } else {
-                        follow.get(i).cloned().unwrap_or_default()
-                    }
-                })
+                .zip(plans)
+                .map(|(found, plan)| plan.unwrap_or(found))
                 .collect()
         }
         (Partners::Semantic, None) => {
@@ -637,7 +635,7 @@ fn step(
                         candidates: size as usize - 1,
                         header_bytes: 0.0,
                         body_bytes: 2.0 * (size - 1.0) / size * payload,
-                        follow: Vec::new(),
+                        ranked: Vec::new(),
                     }
                 })
                 .collect()
@@ -682,10 +680,7 @@ fn step(
                     .map(|(_, p)| *p)
                     .collect();
                 let mut m = merge_with(&state.spec, i, &peers, own_of(i), &ex, cands.len())?;
-                m.follow = cfg.discovery.next_follow(
-                    ranked.iter().take(headers).map(|&(c, p)| (p, c)),
-                    cfg.min_cosine,
-                );
+                m.ranked = ranked.iter().take(headers).map(|&(c, p)| (p, c)).collect();
                 m.header_bytes = ranked
                     .iter()
                     .take(headers)
@@ -702,7 +697,7 @@ fn step(
     };
     if state.spec.partners == Partners::Semantic {
         for (f, m) in state.follow.iter_mut().zip(&mut merged) {
-            *f = std::mem::take(&mut m.follow);
+            f.lookup_done(std::mem::take(&mut m.ranked));
         }
     }
     // 5. Apply.
@@ -929,7 +924,7 @@ fn merge_with<'a>(
         candidates,
         header_bytes,
         body_bytes,
-        follow: Vec::new(),
+        ranked: Vec::new(),
     })
 }
 
