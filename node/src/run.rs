@@ -108,7 +108,7 @@ pub async fn run(
     raise_open_file_limit(&routing_config);
     let mut following = Follower::new(
         routing_config.core.discovery,
-        routing_config.core.lookup.min_cosine,
+        routing_config.core.lookup.gate,
     );
     let keypair = libp2p::identity::Keypair::from(engine.keypair().clone());
     let (routing, mut events) = spawn_routing(

@@ -19,14 +19,15 @@
 //! served under the keys whose band value they still carry, without new DHT records.
 //!
 //! ```
-//! use kindred_routing::{Discovery, RoundWindow};
+//! use kindred_routing::{CosineGate, Discovery, RoundWindow};
 //!
 //! let d = Discovery::default(); // rounds 0, 1, 2, then every 10th
 //! assert!(d.is_discovery_round(2) && !d.is_discovery_round(3) && d.is_discovery_round(10));
 //! assert_eq!(d.window(7), RoundWindow(2));
 //! assert_eq!(d.window(15), RoundWindow(10));
-//! // The best peers at or above the threshold, at most `follow` of them, are followed.
-//! let next = d.next_follow([("a", 0.9), ("b", 0.4), ("c", 0.7)], 0.5);
+//! // The best peers the cosine gate admits, at most `follow` of them, are followed.
+//! let gate = CosineGate { min: 0.5, max_gap: 0.25 };
+//! let next = d.next_follow([("a", 0.9), ("b", 0.4), ("c", 0.7), ("d", 0.6)], gate);
 //! assert_eq!(next, vec!["a", "c"]);
 //! ```
 //!
@@ -34,6 +35,7 @@
 //! (`kindred-node`) and every virtual node of the simulator (`kindred-sim learn`) ask it each
 //! round whether to search or whom to ask, and tell it what the round's lookup ranked.
 
+use crate::config::CosineGate;
 use crate::keys::RoundWindow;
 
 /// The discovery schedule and the number of peers followed between discovery rounds.
@@ -48,7 +50,7 @@ pub struct Discovery {
     /// it). Default 10; 1 searches the DHT every round.
     pub every_rounds: u64,
     /// Peers followed between discovery rounds: the best this many of the last lookup's
-    /// candidates at or above the cosine threshold. Default 10, twice the default `top_m`, so
+    /// candidates the cosine gate admits ([`CosineGate`]). Default 10, twice the default `top_m`, so
     /// the bodies fetched can still change as peers drift.
     pub follow: usize,
 }
@@ -99,17 +101,16 @@ impl Discovery {
     }
 
     /// The peers to follow after a lookup: the best [`Discovery::follow`] of `ranked`
-    /// (`(peer, sketch cosine)`, in any order) at or above `min_cosine`, best first, each once.
+    /// (`(peer, sketch cosine)`, in any order) that `gate` admits, best first, each once.
     pub fn next_follow<P: PartialEq + Clone>(
         &self,
         ranked: impl IntoIterator<Item = (P, f32)>,
-        min_cosine: f32,
+        gate: CosineGate,
     ) -> Vec<P> {
-        let mut above: Vec<(P, f32)> = ranked
-            .into_iter()
-            .filter(|(_, c)| *c >= min_cosine)
-            .collect();
+        let mut above: Vec<(P, f32)> = ranked.into_iter().collect();
         above.sort_by(|a, b| b.1.total_cmp(&a.1));
+        let best = above.first().map_or(f32::NEG_INFINITY, |a| a.1);
+        above.retain(|(_, c)| gate.admits(best, *c));
         let mut out: Vec<P> = Vec::with_capacity(self.follow.min(above.len()));
         for (p, _) in above {
             if out.len() >= self.follow {
@@ -140,24 +141,24 @@ pub enum RoundPlan<'a, P> {
 /// lookup reports nothing: the follow list is kept).
 ///
 /// ```
-/// use kindred_routing::discovery::{Discovery, Follower, RoundPlan};
+/// use kindred_routing::{CosineGate, Discovery, Follower, RoundPlan};
 ///
-/// let mut f = Follower::new(Discovery::default(), 0.5);
+/// let mut f = Follower::new(Discovery::default(), CosineGate::default());
 /// for round in 0..3 {
 ///     // Warm-up: the first three rounds search.
 ///     assert_eq!(f.start_round(round), RoundPlan::Search);
-///     f.lookup_done([("a", 0.9), ("b", 0.3), ("c", 0.6)]);
+///     f.lookup_done([("a", 0.9), ("b", 0.3), ("c", 0.88), ("d", 0.7)]);
 /// }
-/// // Then the best peers at or above the threshold are followed until round 10.
+/// // Then the best peers the gate admits are followed until round 10.
 /// assert_eq!(f.start_round(3), RoundPlan::Follow(&["a", "c"][..]));
-/// // A followed peer that dropped below the threshold is dropped.
+/// // A followed peer that fell behind is dropped.
 /// f.lookup_done([("a", 0.9), ("c", 0.2)]);
 /// assert_eq!(f.start_round(4), RoundPlan::Follow(&["a"][..]));
 /// ```
 #[derive(Debug, Clone)]
 pub struct Follower<P> {
     discovery: Discovery,
-    min_cosine: f32,
+    gate: CosineGate,
     /// The best peers of the last lookup.
     peers: Vec<P>,
     /// Rounds started so far.
@@ -165,12 +166,12 @@ pub struct Follower<P> {
 }
 
 impl<P: PartialEq + Clone> Follower<P> {
-    /// A node that has run no round yet, following candidates at or above `min_cosine` (the
-    /// lookup's sketch-cosine threshold).
-    pub fn new(discovery: Discovery, min_cosine: f32) -> Self {
+    /// A node that has run no round yet, following the candidates `gate` admits (the
+    /// lookup's gate, [`crate::LookupConfig::gate`]).
+    pub fn new(discovery: Discovery, gate: CosineGate) -> Self {
         Self {
             discovery,
-            min_cosine,
+            gate,
             peers: Vec::new(),
             rounds_run: 0,
         }
@@ -192,7 +193,7 @@ impl<P: PartialEq + Clone> Follower<P> {
     /// The round's lookup ranked these candidates (`(peer, sketch cosine)`, in any order):
     /// follow the best of them ([`Discovery::next_follow`]).
     pub fn lookup_done(&mut self, ranked: impl IntoIterator<Item = (P, f32)>) {
-        self.peers = self.discovery.next_follow(ranked, self.min_cosine);
+        self.peers = self.discovery.next_follow(ranked, self.gate);
     }
 
     /// The peers followed now, best first.
@@ -256,20 +257,27 @@ mod tests {
     }
 
     #[test]
-    fn the_best_peers_above_the_threshold_are_followed_once() {
+    fn the_best_peers_the_gate_admits_are_followed_once() {
         let d = Discovery {
             follow: 3,
             ..Discovery::default()
         };
         let ranked = [(1, 0.2), (2, 0.8), (3, 0.9), (2, 0.85), (4, 0.6), (5, 0.55)];
-        assert_eq!(d.next_follow(ranked, 0.5), vec![3, 2, 4]);
-        assert!(d.next_follow(ranked, 0.95).is_empty());
-        assert!(Discovery::EVERY_ROUND.next_follow(ranked, 0.0).is_empty());
+        let gate = |min, max_gap| CosineGate { min, max_gap };
+        assert_eq!(d.next_follow(ranked, gate(0.5, 1.0)), vec![3, 2, 4]);
+        // Within 0.08 of the best (0.9): peer 2 once, at its better cosine.
+        assert_eq!(d.next_follow(ranked, gate(0.5, 0.08)), vec![3, 2]);
+        assert!(d.next_follow(ranked, gate(0.95, 1.0)).is_empty());
+        assert!(
+            Discovery::EVERY_ROUND
+                .next_follow(ranked, gate(0.0, 1.0))
+                .is_empty()
+        );
     }
 
     #[test]
     fn a_follower_searches_in_warm_up_and_discovery_rounds_and_when_alone() {
-        let mut f = Follower::new(Discovery::default(), 0.5);
+        let mut f = Follower::new(Discovery::default(), CosineGate::default());
         let mut searched = Vec::new();
         for round in 0..25u64 {
             if f.start_round(round) == RoundPlan::Search {
@@ -283,7 +291,7 @@ mod tests {
         assert_eq!(f.rounds_run(), 25);
         assert_eq!(f.peers(), &[1, 2]);
         // A node that joins late warms up for its own first rounds.
-        let mut late = Follower::new(Discovery::default(), 0.5);
+        let mut late = Follower::new(Discovery::default(), CosineGate::default());
         for round in 1_000_005..1_000_008u64 {
             assert_eq!(late.start_round(round), RoundPlan::Search);
             late.lookup_done([(7u32, 0.9)]);

@@ -51,8 +51,8 @@ pub mod store;
 pub mod transport;
 
 pub use config::{
-    ConnectionConfig, CoreConfig, KadConfig, KadMode, LookupConfig, RoutingConfig, TransportConfig,
-    TransportKind,
+    ConnectionConfig, CoreConfig, CosineGate, KadConfig, KadMode, LookupConfig, RoutingConfig,
+    TransportConfig, TransportKind,
 };
 pub use core::{AnnounceError, AnnounceId, AnnounceReport, Output, RequestFailure, RoutingCore};
 pub use discovery::{Discovery, Follower, RoundPlan};

@@ -11,7 +11,7 @@
 //!    stands for. Replays (stale round, duplicate, conflicting packet for a round) are dropped.
 //!    Survivors go into the local [`crate::index::SemanticIndex`].
 //! 3. **Rank and fetch**: once discovery is over, the window's index is searched for the nearest
-//!    sketches; candidates at or above `min_cosine` are fetched best first, by id, from their
+//!    sketches; candidates the cosine gate admits are fetched best first, by id, from their
 //!    senders, until `top_m` bodies verified by [`kindred_proto::decode_body`] are in hand.
 //!
 //! A lookup ends when all three phases are done or at its deadline, whichever comes first, and
@@ -30,6 +30,7 @@ use kindred_proto::{
 };
 use libp2p::PeerId;
 
+use crate::config::CosineGate;
 use crate::core::{Output, Pending, RequestFailure, RoutingCore, Want};
 use crate::index::IndexedHeader;
 use crate::keys::{KeyContext, ProbeError, ProbeSequence, RoundWindow, SemanticKey, shard_key};
@@ -54,8 +55,8 @@ pub struct PartnerQuery {
     pub probes: Option<usize>,
     /// Bodies to fetch; `None` uses the configured default.
     pub top_m: Option<usize>,
-    /// Minimum cosine for a body fetch; `None` uses the configured default.
-    pub min_cosine: Option<f32>,
+    /// Which candidates bodies are fetched from; `None` uses the configured default.
+    pub gate: Option<CosineGate>,
     /// Peers to follow instead of searching the DHT ([`crate::Discovery`]). Empty (the default):
     /// a full lookup. Otherwise no key is looked up: each of these peers is asked for its newest
     /// header, and only they are ranked and fetched from.
@@ -71,7 +72,7 @@ impl PartnerQuery {
             spec: Some(spec),
             probes: None,
             top_m: None,
-            min_cosine: None,
+            gate: None,
             follow: Vec::new(),
         }
     }
@@ -141,8 +142,8 @@ pub struct Partners {
     pub window: RoundWindow,
     /// Verified candidate headers of the window, best cosine first.
     pub candidates: Vec<Candidate>,
-    /// Verified packets fetched, best cosine first (at most `top_m`, all at or above
-    /// `min_cosine`).
+    /// Verified packets fetched, best cosine first (at most `top_m`, all admitted by the
+    /// cosine gate).
     pub packets: Vec<FetchedPacket>,
     /// Costs and counts.
     pub stats: LookupStats,
@@ -206,7 +207,7 @@ pub(crate) struct Lookup {
     own: VerifiedHeader,
     spec: Option<Arc<ModelSpec>>,
     top_m: usize,
-    min_cosine: f32,
+    gate: CosineGate,
     /// `(band, value)` → shards looked up.
     shards_used: HashMap<(u16, u64), u32>,
     keys: HashMap<SemanticKey, KeyState>,
@@ -230,7 +231,7 @@ impl Lookup {
         query: PartnerQuery,
         model: ModelId,
         window: RoundWindow,
-        (top_m, min_cosine): (usize, f32),
+        (top_m, gate): (usize, CosineGate),
         deadline: Instant,
         now: Instant,
     ) -> Self {
@@ -242,7 +243,7 @@ impl Lookup {
             own: query.header,
             spec: query.spec,
             top_m,
-            min_cosine,
+            gate,
             shards_used: HashMap::new(),
             keys: HashMap::new(),
             keys_pending: 0,
@@ -286,13 +287,13 @@ impl RoutingCore {
         }
         let probes = query.probes.unwrap_or(cfg.probes);
         let top_m = query.top_m.unwrap_or(cfg.top_m);
-        let min_cosine = query.min_cosine.unwrap_or(cfg.min_cosine);
+        let gate = query.gate.unwrap_or(cfg.gate);
         let deadline = now + cfg.timeout;
         let window = self.window_of(h.round);
         let ctx = KeyContext::new(self.config.network, h.model, window, self.config.keys);
 
         if !query.follow.is_empty() {
-            return Ok(self.start_following(query, top_m, min_cosine, window, now));
+            return Ok(self.start_following(query, top_m, gate, window, now));
         }
         // Band values: the signature's own, then the probes'.
         let mut origins: Vec<(u16, u64)> = (0..ctx.config().bands())
@@ -338,7 +339,7 @@ impl RoutingCore {
             "round lookup started"
         );
         let model = h.model;
-        let mut lookup = Lookup::new(query, model, window, (top_m, min_cosine), deadline, now);
+        let mut lookup = Lookup::new(query, model, window, (top_m, gate), deadline, now);
         lookup.shards_used = shards_used;
         lookup.keys_pending = keys.len();
         lookup.keys = keys;
@@ -354,7 +355,7 @@ impl RoutingCore {
         &mut self,
         mut query: PartnerQuery,
         top_m: usize,
-        min_cosine: f32,
+        gate: CosineGate,
         window: RoundWindow,
         now: Instant,
     ) -> LookupId {
@@ -386,7 +387,7 @@ impl RoutingCore {
         );
         let model = query.header.header().model;
         let deadline = now + self.config.lookup.timeout;
-        let mut lookup = Lookup::new(query, model, window, (top_m, min_cosine), deadline, now);
+        let mut lookup = Lookup::new(query, model, window, (top_m, gate), deadline, now);
         lookup.providers = providers;
         lookup.queue = queue;
         lookup.stats.providers = followed.len() as u32;
@@ -859,11 +860,16 @@ impl RoutingCore {
             })
             .collect();
         if l.spec.is_some() {
+            let best = l
+                .candidates
+                .iter()
+                .map(|c| c.cosine)
+                .fold(f32::NEG_INFINITY, f32::max);
             l.body_queue = l
                 .candidates
                 .iter()
                 .enumerate()
-                .filter(|(_, c)| c.cosine >= l.min_cosine)
+                .filter(|(_, c)| l.gate.admits(best, c.cosine))
                 .map(|(i, _)| i)
                 .collect();
         }

@@ -516,6 +516,48 @@ fn a_bad_body_is_rejected_and_the_next_candidate_fetched() {
 }
 
 #[test]
+fn candidates_far_below_the_best_are_ranked_but_not_fetched() {
+    let now = Instant::now();
+    let cfg = config();
+    let mut nodes = cluster(3, 1, &cfg, 6);
+    let keys_b = announce(&mut nodes[1], now);
+    let keys_c = announce(&mut nodes[2], now);
+    let (b_peer, c_peer) = (nodes[1].peer(), nodes[2].peer());
+    let (head, tail) = nodes.split_at_mut(1);
+    let a = &mut head[0];
+    let a_peer = a.peer();
+    let providers = [(b_peer, keys_b), (c_peer, keys_c)];
+    let mut lookup = |max_gap: f32| {
+        let mut query =
+            PartnerQuery::new(a.packet.header.clone(), a.margins.clone(), Arc::new(spec()));
+        query.gate = Some(kindred_routing::CosineGate { min: 0.0, max_gap });
+        run_lookup(&mut a.core, query, &providers, now, |peer, req| {
+            let node = if peer == b_peer {
+                &mut tail[0]
+            } else {
+                &mut tail[1]
+            };
+            Ok(serve(node, a_peer, req, now))
+        })
+        .0
+    };
+    let wide = lookup(2.0);
+    assert_eq!(wide.candidates.len(), 2);
+    assert_eq!(wide.packets.len(), 2);
+    let (best, second) = (wide.candidates[0].cosine, wide.candidates[1].cosine);
+    assert!(best > second, "{best} vs {second}");
+    // A gap narrower than the two candidates' distance: both ranked, only the best fetched.
+    let narrow = lookup((best - second) / 2.0);
+    assert_eq!(narrow.candidates.len(), 2);
+    assert_eq!(narrow.stats.body_requests, 1);
+    assert_eq!(narrow.packets.len(), 1);
+    assert_eq!(
+        narrow.packets[0].packet.header.id(),
+        wide.candidates[0].header.id()
+    );
+}
+
+#[test]
 fn a_lookup_past_its_deadline_returns_what_it_has() {
     let now = Instant::now();
     let cfg = config();
@@ -773,7 +815,10 @@ fn between_discovery_rounds_a_node_follows_its_partners_without_the_dht() {
             .candidates
             .iter()
             .map(|c| (c.header.header().sender, c.cosine)),
-        0.0,
+        kindred_routing::CosineGate {
+            min: 0.0,
+            max_gap: 2.0,
+        },
     );
     assert_eq!(follow.len(), 2);
     assert!(!discovery.searches(3, 3, follow.len()));

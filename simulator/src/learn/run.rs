@@ -169,7 +169,10 @@ pub use crate::ProgressFn;
 /// The prepared data of a run.
 struct Data {
     train: Vec<Examples>,
+    /// Per cluster, the first `eval_examples` held-out digits (accuracy tracked every round).
     eval: Vec<Examples>,
+    /// Per cluster, every held-out digit (final accuracy).
+    final_eval: Vec<Examples>,
     cluster: Vec<usize>,
     hostile: Vec<Option<Attack>>,
     tracked: Vec<usize>,
@@ -234,9 +237,13 @@ fn prepare(cfg: &LearnConfig) -> Result<Data, LearnError> {
         })
         .collect();
     let eval_idx: Vec<usize> = split.eval.iter().take(cfg.eval_examples).copied().collect();
-    let eval: Vec<Examples> = (0..clusters)
-        .map(|c| Examples::new(&mnist, &eval_idx, cfg.setting.task(c)))
-        .collect();
+    let per_cluster = |idx: &[usize]| -> Vec<Examples> {
+        (0..clusters)
+            .map(|c| Examples::new(&mnist, idx, cfg.setting.task(c)))
+            .collect()
+    };
+    let eval = per_cluster(&eval_idx);
+    let final_eval = per_cluster(&split.eval);
     let hostile: Vec<Option<Attack>> = match &cfg.hostile {
         Some(h) if !h.attacks.is_empty() && h.fraction > 0.0 => {
             let mut k = 0;
@@ -264,6 +271,7 @@ fn prepare(cfg: &LearnConfig) -> Result<Data, LearnError> {
     Ok(Data {
         train,
         eval,
+        final_eval,
         cluster,
         hostile,
         tracked,
@@ -335,7 +343,7 @@ pub fn run(cfg: &LearnConfig, progress: ProgressFn<'_>) -> Result<LearnReport, L
                 origin: init_params.clone(),
                 params: vec![init_params.clone(); cfg.nodes],
                 distillers,
-                follow: vec![Follower::new(cfg.discovery, cfg.min_cosine); cfg.nodes],
+                follow: vec![Follower::new(cfg.discovery, cfg.gate); cfg.nodes],
                 report: PolicyReport {
                     name: p.name.clone(),
                     ..PolicyReport::default()
@@ -372,7 +380,7 @@ pub fn run(cfg: &LearnConfig, progress: ProgressFn<'_>) -> Result<LearnReport, L
         .filter(|&i| data.hostile.get(i).is_some_and(Option::is_none))
         .collect();
     for state in &mut states {
-        let acc = evaluate(cfg, &data, &state.params, &honest)?;
+        let acc = evaluate(cfg, &data.final_eval, &data.cluster, &state.params, &honest)?;
         state.report.final_accuracy = mean(&acc);
         state.report.final_accuracy_sd = sd(&acc);
         state.report.final_by_cluster = (0..cfg.setting.clusters())
@@ -406,10 +414,11 @@ pub fn run(cfg: &LearnConfig, progress: ProgressFn<'_>) -> Result<LearnReport, L
     })
 }
 
-/// Accuracy of `nodes` on their clusters' evaluation digits.
+/// Accuracy of `nodes` on their clusters' digits in `eval` (one set per cluster).
 fn evaluate(
     cfg: &LearnConfig,
-    data: &Data,
+    eval: &[Examples],
+    cluster: &[usize],
     params: &[Vec<f32>],
     nodes: &[usize],
 ) -> Result<Vec<f64>, LearnError> {
@@ -422,9 +431,8 @@ fn evaluate(
                     .as_mut()
                     .map_err(|e| LearnError::Config(e.to_string()))?;
                 model.set_params(params.get(i).map_or(&[][..], |p| &p[..]))?;
-                let c = data.cluster.get(i).copied().unwrap_or(0);
-                let eval = data
-                    .eval
+                let c = cluster.get(i).copied().unwrap_or(0);
+                let eval = eval
                     .get(c)
                     .ok_or_else(|| LearnError::Config("no eval set".into()))?;
                 Ok(f64::from(model.accuracy(eval)?))
@@ -672,10 +680,11 @@ fn step(
                 let headers = ranked
                     .len()
                     .min(kindred_routing::LookupConfig::default().max_providers);
+                let best = ranked.first().map_or(f32::NEG_INFINITY, |r| r.0);
                 let peers: Vec<u32> = ranked
                     .iter()
                     .take(headers)
-                    .filter(|(c, _)| *c >= cfg.min_cosine)
+                    .filter(|(c, _)| cfg.gate.admits(best, *c))
                     .take(cfg.top_m)
                     .map(|(_, p)| *p)
                     .collect();
@@ -807,7 +816,7 @@ fn step(
         searched: searches as f64 / nf,
         ..RoundStats::default()
     };
-    let acc = evaluate(cfg, data, &state.params, &data.tracked)?;
+    let acc = evaluate(cfg, &data.eval, &data.cluster, &state.params, &data.tracked)?;
     stats.accuracy = mean(&acc);
     stats.accuracy_sd = sd(&acc);
     Ok(stats)
