@@ -6,7 +6,7 @@
 //!
 //! Trains the same small MLP (784-128-10, ReLU, plain SGD, same initialisation, same batches)
 //! three times on a seed-controlled split of the MNIST test set (8,000 train / 2,000 eval): with
-//! dense updates, with every update distilled by the default [`Policy`] (top-k + int8 at 1% after
+//! dense updates, with every update distilled by the default [`Policy`] (top-k + int8 at 2% after
 //! warm-up for the large layer, dense f16 for the small ones) **with** error feedback, and with the
 //! same policy **without** error feedback. The data is read from `KINDRED_DATA` or
 //! `../shared/data/mnist` beside the workspace. Progress goes to stderr; the last stdout line is

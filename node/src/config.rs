@@ -165,7 +165,8 @@ pub struct NodeConfig {
     pub round_secs: f64,
     /// Stop after this many rounds (run forever when absent).
     pub rounds: Option<u64>,
-    /// Peers merged per round (the top-m by similarity).
+    /// Peers merged per round: the top-m by similarity the cosine gate admits. Default
+    /// `kindred-routing`'s 16.
     pub partners: usize,
     /// Multi-probe lookups per round besides the exact band keys.
     pub probes: usize,
@@ -188,7 +189,7 @@ impl Default for NodeConfig {
             api: Some(SocketAddr::from(([127, 0, 0, 1], 7070))),
             round_secs: 10.0,
             rounds: None,
-            partners: 4,
+            partners: kindred_routing::LookupConfig::default().top_m,
             probes: 8,
             discovery_every: 10,
             log_format: LogFormat::Text,

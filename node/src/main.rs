@@ -74,7 +74,7 @@ struct Overrides {
     /// Stop after this many rounds.
     #[arg(long, env = "KINDRED_ROUNDS")]
     rounds: Option<u64>,
-    /// Peers merged per round.
+    /// Peers merged per round (default 16).
     #[arg(long, env = "KINDRED_PARTNERS")]
     partners: Option<usize>,
     /// Search the DHT every this many rounds (after the first 3), following the partners found

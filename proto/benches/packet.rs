@@ -1,5 +1,5 @@
 //! Criterion benchmarks of the outcome-packet codec: header decode + signature verification, and
-//! body encode / decode of a 1M-parameter update at the default density.
+//! body encode / decode of a 1M-parameter update at 1% top-k density.
 #![allow(clippy::unwrap_used, missing_docs)]
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};

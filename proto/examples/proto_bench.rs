@@ -5,7 +5,7 @@
 //!
 //! Each figure is the median of 7 timed runs of at least 0.3 s each, after a warm-up, on the
 //! calling thread only. Body MB/s count encoded body bytes (1 MB = 10^6 bytes); the body is a
-//! 1,068,810-parameter MLP update at the default density (1% top-k + int8 weights, f16 biases).
+//! 1,068,810-parameter MLP update at 1% top-k density (top-k + int8 weights, f16 biases).
 #![allow(clippy::print_stdout, clippy::unwrap_used)]
 
 use std::hint::black_box;

@@ -50,7 +50,7 @@ pub struct Discovery {
     /// it). Default 10; 1 searches the DHT every round.
     pub every_rounds: u64,
     /// Peers followed between discovery rounds: the best this many of the last lookup's
-    /// candidates the cosine gate admits ([`CosineGate`]). Default 10, twice the default `top_m`, so
+    /// candidates the cosine gate admits ([`CosineGate`]). Default 32, twice the default `top_m`, so
     /// the bodies fetched can still change as peers drift.
     pub follow: usize,
 }
@@ -60,7 +60,7 @@ impl Default for Discovery {
         Self {
             warmup_rounds: 3,
             every_rounds: 10,
-            follow: 10,
+            follow: 32,
         }
     }
 }
