@@ -68,20 +68,24 @@ impl Default for LookupConfig {
 }
 
 /// Which ranked candidates a node fetches bodies from and follows: those at or above an
-/// absolute floor and within a gap of the best candidate.
+/// absolute floor and not much farther from the node than its nearest candidate.
 ///
-/// Sketch cosines of cumulative updates lie close together within a task and clearly lower
-/// across tasks: `kindred-sim learn --nodes 64 --seed 1` ranks peers of the same cluster at
-/// 0.96-0.99 and the nearest other rotation cluster at 0.71-0.88 (rounds 2-29). A floor alone
-/// lets the nearest other task in as soon as a node's own task has fewer peers in view than
-/// it fetches; the gap does not, whatever the task's size.
+/// Distance here is `1 − sketch cosine`. Within a task, cumulative updates point the same way
+/// up to noise; across tasks they differ by the tasks' difference as well. In `kindred-sim learn
+/// --setting rotation --seed 1` a node's own cluster sits at 0.96-0.99 and the nearest other
+/// cluster at 0.71-0.88 with 64 nodes of 125 digits (rounds 2-29); with 1,000 nodes of 32 digits
+/// the noisier updates put the node's own cluster at 0.82-0.95. So the bound is a ratio to the
+/// nearest candidate's distance, not a fixed gap: a fixed 0.05 cut a node down to 3.5 partners
+/// at 1,000 nodes. A floor alone lets the nearest other task in as soon as a node's own task has
+/// fewer peers in view than it fetches; the ratio does not, whatever the task's size.
 ///
 /// ```
 /// use kindred_routing::CosineGate;
 ///
-/// let gate = CosineGate::default(); // floor 0.5, gap 0.05
-/// assert!(gate.admits(0.98, 0.95));
-/// assert!(!gate.admits(0.98, 0.85)); // too far below the best
+/// let gate = CosineGate::default(); // floor 0.5, at most 4x the nearest distance
+/// assert!(gate.admits(0.99, 0.97)); // distance 0.03 ≤ 4 × 0.01
+/// assert!(!gate.admits(0.99, 0.88)); // the next task
+/// assert!(gate.admits(0.94, 0.82)); // a noisier task: 0.18 ≤ 4 × 0.06
 /// assert!(!gate.admits(0.45, 0.45)); // below the floor
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -89,25 +93,31 @@ pub struct CosineGate {
     /// Candidates below this sketch cosine are never admitted, however few others there are.
     /// Default 0.5: unrelated updates sit near 0.
     pub min: f32,
-    /// Candidates more than this below the best candidate's cosine are not admitted. Default
-    /// 0.05, under half the smallest gap between a node's own task and the next one in the
-    /// runs above.
-    pub max_gap: f32,
+    /// Candidates farther than this multiple of the nearest candidate's distance
+    /// (`1 − cosine`, at least [`CosineGate::MIN_DISTANCE`]) are not admitted. Default 4: in
+    /// the runs above the next task is 10-12 times farther than the nearest peer of the own
+    /// one, and the own task's peers are within 3 times.
+    pub max_distance_ratio: f32,
 }
 
 impl Default for CosineGate {
     fn default() -> Self {
         Self {
             min: 0.5,
-            max_gap: 0.05,
+            max_distance_ratio: 4.0,
         }
     }
 }
 
 impl CosineGate {
+    /// The nearest distance the ratio is taken against is at least this, so a duplicate of the
+    /// node's own update (distance 0) does not shut every other candidate out.
+    pub const MIN_DISTANCE: f32 = 0.005;
+
     /// Whether a candidate at `cosine` is admitted when the best candidate is at `best`.
     pub fn admits(&self, best: f32, cosine: f32) -> bool {
-        cosine >= self.min && cosine >= best - self.max_gap
+        let nearest = (1.0 - best).max(Self::MIN_DISTANCE);
+        cosine >= self.min && 1.0 - cosine <= self.max_distance_ratio * nearest
     }
 }
 

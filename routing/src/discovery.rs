@@ -26,7 +26,7 @@
 //! assert_eq!(d.window(7), RoundWindow(2));
 //! assert_eq!(d.window(15), RoundWindow(10));
 //! // The best peers the cosine gate admits, at most `follow` of them, are followed.
-//! let gate = CosineGate { min: 0.5, max_gap: 0.25 };
+//! let gate = CosineGate { min: 0.5, max_distance_ratio: 3.5 };
 //! let next = d.next_follow([("a", 0.9), ("b", 0.4), ("c", 0.7), ("d", 0.6)], gate);
 //! assert_eq!(next, vec!["a", "c"]);
 //! ```
@@ -147,7 +147,7 @@ pub enum RoundPlan<'a, P> {
 /// for round in 0..3 {
 ///     // Warm-up: the first three rounds search.
 ///     assert_eq!(f.start_round(round), RoundPlan::Search);
-///     f.lookup_done([("a", 0.9), ("b", 0.3), ("c", 0.88), ("d", 0.7)]);
+///     f.lookup_done([("a", 0.9), ("b", 0.3), ("c", 0.88), ("d", 0.55)]);
 /// }
 /// // Then the best peers the gate admits are followed until round 10.
 /// assert_eq!(f.start_round(3), RoundPlan::Follow(&["a", "c"][..]));
@@ -263,14 +263,17 @@ mod tests {
             ..Discovery::default()
         };
         let ranked = [(1, 0.2), (2, 0.8), (3, 0.9), (2, 0.85), (4, 0.6), (5, 0.55)];
-        let gate = |min, max_gap| CosineGate { min, max_gap };
-        assert_eq!(d.next_follow(ranked, gate(0.5, 1.0)), vec![3, 2, 4]);
-        // Within 0.08 of the best (0.9): peer 2 once, at its better cosine.
-        assert_eq!(d.next_follow(ranked, gate(0.5, 0.08)), vec![3, 2]);
-        assert!(d.next_follow(ranked, gate(0.95, 1.0)).is_empty());
+        let gate = |min, max_distance_ratio| CosineGate {
+            min,
+            max_distance_ratio,
+        };
+        assert_eq!(d.next_follow(ranked, gate(0.5, 10.0)), vec![3, 2, 4]);
+        // Within 1.6 times the best's distance (0.1): peer 2 once, at its better cosine.
+        assert_eq!(d.next_follow(ranked, gate(0.5, 1.6)), vec![3, 2]);
+        assert!(d.next_follow(ranked, gate(0.95, 10.0)).is_empty());
         assert!(
             Discovery::EVERY_ROUND
-                .next_follow(ranked, gate(0.0, 1.0))
+                .next_follow(ranked, gate(0.0, 10.0))
                 .is_empty()
         );
     }

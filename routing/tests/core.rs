@@ -527,10 +527,13 @@ fn candidates_far_below_the_best_are_ranked_but_not_fetched() {
     let a = &mut head[0];
     let a_peer = a.peer();
     let providers = [(b_peer, keys_b), (c_peer, keys_c)];
-    let mut lookup = |max_gap: f32| {
+    let mut lookup = |max_distance_ratio: f32| {
         let mut query =
             PartnerQuery::new(a.packet.header.clone(), a.margins.clone(), Arc::new(spec()));
-        query.gate = Some(kindred_routing::CosineGate { min: 0.0, max_gap });
+        query.gate = Some(kindred_routing::CosineGate {
+            min: 0.0,
+            max_distance_ratio,
+        });
         run_lookup(&mut a.core, query, &providers, now, |peer, req| {
             let node = if peer == b_peer {
                 &mut tail[0]
@@ -541,13 +544,14 @@ fn candidates_far_below_the_best_are_ranked_but_not_fetched() {
         })
         .0
     };
-    let wide = lookup(2.0);
+    let wide = lookup(1000.0);
     assert_eq!(wide.candidates.len(), 2);
     assert_eq!(wide.packets.len(), 2);
     let (best, second) = (wide.candidates[0].cosine, wide.candidates[1].cosine);
     assert!(best > second, "{best} vs {second}");
-    // A gap narrower than the two candidates' distance: both ranked, only the best fetched.
-    let narrow = lookup((best - second) / 2.0);
+    // A ratio between the two candidates' distances: both ranked, only the best fetched.
+    let nearest = (1.0 - best).max(kindred_routing::CosineGate::MIN_DISTANCE);
+    let narrow = lookup(((1.0 - best) + (1.0 - second)) / 2.0 / nearest);
     assert_eq!(narrow.candidates.len(), 2);
     assert_eq!(narrow.stats.body_requests, 1);
     assert_eq!(narrow.packets.len(), 1);
@@ -817,7 +821,7 @@ fn between_discovery_rounds_a_node_follows_its_partners_without_the_dht() {
             .map(|c| (c.header.header().sender, c.cosine)),
         kindred_routing::CosineGate {
             min: 0.0,
-            max_gap: 2.0,
+            max_distance_ratio: 1000.0,
         },
     );
     assert_eq!(follow.len(), 2);

@@ -64,6 +64,10 @@ pub(crate) struct LearnArgs {
     /// follows nobody, so the node searches the DHT every round).
     #[arg(long)]
     pub(crate) follow: Option<usize>,
+    /// Candidates farther than this multiple of the nearest candidate's distance (1 − sketch
+    /// cosine) are neither fetched nor followed (default: kindred-routing's 4).
+    #[arg(long)]
+    pub(crate) max_distance_ratio: Option<f32>,
     /// Honest nodes tracked every round (all are evaluated at the end).
     #[arg(long, default_value_t = 64)]
     pub(crate) eval_nodes: usize,
@@ -103,6 +107,13 @@ impl LearnArgs {
         }
         if let Some(f) = self.follow {
             c.discovery.follow = f;
+        }
+        if let Some(r) = self.max_distance_ratio {
+            anyhow::ensure!(
+                r.is_finite() && r >= 1.0,
+                "--max-distance-ratio must be a number of at least 1"
+            );
+            c.gate.max_distance_ratio = r;
         }
         c.eval_nodes = self.eval_nodes;
         c.eval_examples = self.eval_examples;

@@ -273,8 +273,8 @@ pub struct LearnConfig {
     pub policies: Vec<PolicySpec>,
     /// Bodies a node fetches (semantic partners). Default `kindred-routing`'s 5.
     pub top_m: usize,
-    /// Which candidates are fetched and followed. Default `kindred-routing`'s (floor 0.5, within
-    /// 0.05 of the best).
+    /// Which candidates are fetched and followed. Default `kindred-routing`'s (floor 0.5, at
+    /// most 4 times the nearest candidate's distance).
     pub gate: CosineGate,
     /// Multi-probe keys per round lookup. Default `kindred-routing`'s 8.
     pub probes: usize,
