@@ -50,8 +50,8 @@ pub struct Discovery {
     /// it). Default 10; 1 searches the DHT every round.
     pub every_rounds: u64,
     /// Peers followed between discovery rounds: the best this many of the last lookup's
-    /// candidates the cosine gate admits ([`CosineGate`]). Default 32, twice the default `top_m`, so
-    /// the bodies fetched can still change as peers drift.
+    /// candidates the cosine gate admits ([`CosineGate`]). Default 32, twice the default
+    /// `top_m`, so the bodies fetched can still change as peers drift.
     pub follow: usize,
 }
 

@@ -12,11 +12,12 @@
 //!    margins; the packet is sealed with the node's ed25519 key (`kindred_proto::seal`) so its
 //!    wire size is exact, and peers see the decoded body (`kindred_distill::decode`).
 //! 3. **Partners**: nobody, everybody, the true cluster, random peers, or the semantic partners.
-//!    Semantic nodes search as the node does (each drives a [`kindred_routing::Follower`]): in discovery
-//!    rounds (and when they have nobody left to follow) the candidates are the providers their
-//!    band-key and probe lookups returned in the routing model ([`Overlay`]); in the rounds
-//!    between, the peers they follow, each asked for its newest header. Candidates are ranked
-//!    by sketch cosine, and the top `m` at or above the cosine gate are fetched.
+//!    Semantic nodes search as the node does (each drives a [`kindred_routing::Follower`]): in
+//!    discovery rounds (and when they have nobody left to follow) the candidates are the
+//!    providers their band-key and probe lookups returned in the routing model ([`Overlay`]);
+//!    in the rounds between, the peers they follow, each asked for its newest header.
+//!    Candidates are ranked by sketch cosine, and the top `m` the cosine gate admits
+//!    ([`kindred_routing::CosineGate`]) are fetched.
 //! 4. **Merge**: a plain mean, or `kindred_distill::synthesize` of the node's own (dense) update
 //!    with its partners' decoded updates; the node adds the result to its parameters, and folds
 //!    accepted peer updates into its embedding's running mean.
