@@ -476,73 +476,80 @@ fn replays_and_mismatched_headers_are_dropped() {
     }
 }
 
-#[test]
-fn a_bad_body_is_rejected_and_the_next_candidate_fetched() {
-    let now = Instant::now();
-    let cfg = config();
-    let mut nodes = cluster(3, 1, &cfg, 6);
+/// Providers as the DHT knows them: each peer with the keys it announced.
+type Providers = Vec<(PeerId, Vec<[u8; 32]>)>;
+
+/// Three nodes of one cluster in round 1: B and C announced. Returns them (A first) and the
+/// DHT's view of B's and C's keys.
+fn a_and_two_providers(now: Instant) -> (Vec<Node>, Providers) {
+    let mut nodes = cluster(3, 1, &config(), 6);
     let keys_b = announce(&mut nodes[1], now);
     let keys_c = announce(&mut nodes[2], now);
-    let (b_peer, c_peer) = (nodes[1].peer(), nodes[2].peer());
+    let providers = vec![(nodes[1].peer(), keys_b), (nodes[2].peer(), keys_c)];
+    (nodes, providers)
+}
+
+/// A looks up partners with its own packet's query, changed by `tune`; B and C answer as
+/// themselves, each answer passed through `in_transit`.
+fn lookup_from_a(
+    nodes: &mut [Node],
+    providers: &[(PeerId, Vec<[u8; 32]>)],
+    now: Instant,
+    tune: impl FnOnce(&mut PartnerQuery),
+    in_transit: impl Fn(RpcResponse) -> RpcResponse,
+) -> Partners {
     let (head, tail) = nodes.split_at_mut(1);
     let a = &mut head[0];
     let a_peer = a.peer();
     let mut query = PartnerQuery::new(a.packet.header.clone(), a.margins.clone(), Arc::new(spec()));
-    query.top_m = Some(1);
-    let providers = [(b_peer, keys_b), (c_peer, keys_c)];
-    let (partners, _) = run_lookup(&mut a.core, query, &providers, now, |peer, req| {
-        let node = if peer == b_peer {
-            &mut tail[0]
-        } else {
-            &mut tail[1]
-        };
-        let response = serve(node, a_peer, req, now);
-        Ok(match response {
+    tune(&mut query);
+    run_lookup(&mut a.core, query, providers, now, |peer, req| {
+        let node = tail.iter_mut().find(|n| n.peer() == peer).unwrap();
+        Ok(in_transit(serve(node, a_peer, req, now)))
+    })
+    .0
+}
+
+#[test]
+fn a_bad_body_is_rejected_and_the_next_candidate_fetched() {
+    let now = Instant::now();
+    let (mut nodes, providers) = a_and_two_providers(now);
+    let partners = lookup_from_a(
+        &mut nodes,
+        &providers,
+        now,
+        |q| q.top_m = Some(1),
+        |response| match response {
             // Every body is corrupted in transit: one byte flipped.
             RpcResponse::Body { id, mut body } => {
                 body[0] ^= 0x80;
                 RpcResponse::Body { id, body }
             }
             other => other,
-        })
-    });
+        },
+    );
     assert!(partners.packets.is_empty());
     assert_eq!(
         partners.stats.body_requests, 2,
         "falls back to the second candidate"
     );
     assert_eq!(partners.stats.bodies_rejected, 2);
-    assert_eq!(a.core.metrics().rejects.get("body_hash_mismatch"), Some(&2));
+    assert_eq!(
+        nodes[0].core.metrics().rejects.get("body_hash_mismatch"),
+        Some(&2)
+    );
 }
 
 #[test]
 fn candidates_far_below_the_best_are_ranked_but_not_fetched() {
     let now = Instant::now();
-    let cfg = config();
-    let mut nodes = cluster(3, 1, &cfg, 6);
-    let keys_b = announce(&mut nodes[1], now);
-    let keys_c = announce(&mut nodes[2], now);
-    let (b_peer, c_peer) = (nodes[1].peer(), nodes[2].peer());
-    let (head, tail) = nodes.split_at_mut(1);
-    let a = &mut head[0];
-    let a_peer = a.peer();
-    let providers = [(b_peer, keys_b), (c_peer, keys_c)];
+    let (mut nodes, providers) = a_and_two_providers(now);
     let mut lookup = |max_distance_ratio: f32| {
-        let mut query =
-            PartnerQuery::new(a.packet.header.clone(), a.margins.clone(), Arc::new(spec()));
-        query.gate = Some(kindred_routing::CosineGate {
+        let gate = kindred_routing::CosineGate {
             min: 0.0,
             max_distance_ratio,
-        });
-        run_lookup(&mut a.core, query, &providers, now, |peer, req| {
-            let node = if peer == b_peer {
-                &mut tail[0]
-            } else {
-                &mut tail[1]
-            };
-            Ok(serve(node, a_peer, req, now))
-        })
-        .0
+        };
+        lookup_from_a(&mut nodes, &providers, now, |q| q.gate = Some(gate), |r| r)
     };
     let wide = lookup(1000.0);
     assert_eq!(wide.candidates.len(), 2);
