@@ -22,8 +22,8 @@ pub struct LookupConfig {
     /// Default 16. Each partner is one more gradient in the merge; with the gate keeping
     /// other tasks out, more partners bring a node closer to its task's full average
     /// (`kindred-sim learn --nodes 64`, 16 nodes per task, seeds 4-6: 1.4 points below the
-    /// oracle's cluster average with 10 partners, 0.85 with 16, on label4 and rotation4). A
-    /// body costs about 4 KB for the MNIST MLP, against ≈ 0.7 MB of Kademlia traffic for one
+    /// oracle's cluster average with 10 partners, 0.8 with 16, on label4 and rotation4). A
+    /// body costs about 3.5 KB for the MNIST MLP, against ≈ 0.7 MB of Kademlia traffic for one
     /// discovery round.
     pub top_m: usize,
     /// Which candidates are close enough to fetch and to follow. Default

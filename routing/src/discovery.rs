@@ -3,8 +3,8 @@
 //! A full round lookup — announce the band keys, look up the band and probe keys, ask every
 //! provider for headers — is most of what Kindred puts on the wire: about 780 KB of Kademlia
 //! traffic per node per round at 64 nodes (`kindred-sim learn --discovery-every 1`, whose byte
-//! model `kindred-sim calibrate` checks against a real swarm), where the five packet bodies a
-//! node merges are about 13 KB. Yet once training settles, a node's nearest peers stay its
+//! model `kindred-sim calibrate` checks against a real swarm), where the 16 packet bodies a
+//! node merges are about 55 KB. Yet once training settles, a node's nearest peers stay its
 //! nearest peers for many rounds. So the DHT is searched only in **discovery rounds**: the first
 //! [`Discovery::warmup_rounds`] rounds, while updates still change direction quickly, and then
 //! every [`Discovery::every_rounds`] rounds (to meet peers that joined or moved). In the rounds

@@ -60,7 +60,7 @@ pub(crate) struct LearnArgs {
     /// their best partners in between (default: kindred-routing's 10; 1 searches every round).
     #[arg(long)]
     pub(crate) discovery_every: Option<u64>,
-    /// Peers a semantic node follows between discovery rounds (default: kindred-routing's 10; 0
+    /// Peers a semantic node follows between discovery rounds (default: kindred-routing's 32; 0
     /// follows nobody, so the node searches the DHT every round).
     #[arg(long)]
     pub(crate) follow: Option<usize>,

@@ -271,7 +271,7 @@ pub struct LearnConfig {
     pub train: TrainConfig,
     /// Policies compared (each on its own copy of every node, from the same initial model).
     pub policies: Vec<PolicySpec>,
-    /// Bodies a node fetches (semantic partners). Default `kindred-routing`'s 5.
+    /// Bodies a node fetches (semantic partners). Default `kindred-routing`'s 16.
     pub top_m: usize,
     /// Which candidates are fetched and followed. Default `kindred-routing`'s (floor 0.5, at
     /// most 4 times the nearest candidate's distance).
@@ -279,7 +279,7 @@ pub struct LearnConfig {
     /// Multi-probe keys per round lookup. Default `kindred-routing`'s 8.
     pub probes: usize,
     /// When semantic nodes search the DHT and whom they follow in between. Default
-    /// `kindred-routing`'s (rounds 0-2, then every 10th; 10 peers followed).
+    /// `kindred-routing`'s (rounds 0-2, then every 10th; 32 peers followed).
     pub discovery: Discovery,
     /// Embedding parameters (network-wide).
     pub embedding: EmbeddingConfig,
