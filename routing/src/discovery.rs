@@ -10,7 +10,7 @@
 //! every [`Discovery::every_rounds`] rounds (to meet peers that joined or moved). In the rounds
 //! between, a node **follows** the best peers its last lookup ranked: it asks each for its newest
 //! header ([`kindred_proto::rpc::HeaderQuery::Latest`]) and ranks and fetches as usual, with no
-//! DHT traffic at all. A followed peer that falls below the cosine threshold is dropped until the
+//! DHT traffic at all. A followed peer the cosine gate no longer admits is dropped until the
 //! next discovery round.
 //!
 //! Key windows follow the same schedule ([`Discovery::window`]): a window opens at each discovery
