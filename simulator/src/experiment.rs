@@ -84,6 +84,9 @@ pub struct RowRun {
     pub seed: u64,
     /// Final accuracy of every honest node on its cluster's held-out digits, averaged.
     pub accuracy: f64,
+    /// Accuracy of the honest nodes' consensus model per cluster (their mean parameters); see
+    /// [`crate::learn::PolicyReport::consensus_accuracy`].
+    pub consensus: f64,
     /// Bytes per node per round, all traffic (DHT, header and body requests, payloads).
     pub bytes: f64,
     /// Of which DHT traffic (announcements and lookups).
@@ -104,6 +107,8 @@ pub struct RowSummary {
     pub name: String,
     /// Final accuracy.
     pub accuracy: Spread,
+    /// Consensus-model accuracy.
+    pub consensus: Spread,
     /// Bytes per node per round.
     pub bytes: Spread,
     /// DHT bytes per node per round.
@@ -216,6 +221,7 @@ fn summarize(name: &str, runs: Vec<RowRun>, baseline: &[f64]) -> RowSummary {
     RowSummary {
         name: name.to_owned(),
         accuracy: Spread::of(&col(&|r| r.accuracy)),
+        consensus: Spread::of(&col(&|r| r.consensus)),
         bytes: Spread::of(&col(&|r| r.bytes)),
         dht_bytes: Spread::of(&col(&|r| r.dht_bytes)),
         ratio_to_baseline: mean(&ratios),
@@ -237,6 +243,7 @@ fn row_run(report: &LearnReport, name: &str, seed: u64, bar: f64) -> Option<RowR
     Some(RowRun {
         seed,
         accuracy: p.final_accuracy,
+        consensus: p.consensus_accuracy,
         bytes: p.bytes_per_node_round,
         dht_bytes: p.rounds.iter().map(|s| s.dht_bytes_per_node).sum::<f64>() / n,
         rounds_to_90: rounds_to(&accuracy_by_round, bar),
@@ -429,8 +436,11 @@ mod tests {
         let ratio = |n: &str| s.row(n).unwrap().ratio_to_baseline;
         assert!((ratio("allreduce") - 1.0).abs() < 1e-12);
         assert!(ratio("topk8+allreduce") > 1.0 && ratio("sign+allreduce") > 1.0);
-        // Oracle purity is 1 by construction.
-        assert_eq!(s.row("oracle").unwrap().purity.mean, 1.0);
+        // Oracle purity is 1 by construction, and its nodes hold their cluster's one model.
+        let oracle = s.row("oracle").unwrap();
+        assert_eq!(oracle.purity.mean, 1.0);
+        assert!((oracle.consensus.mean - oracle.accuracy.mean).abs() < 1e-12);
+        assert!(s.row("kindred").unwrap().consensus.mean.is_finite());
         let p = r.poisoning.unwrap();
         assert_eq!(p.robust_loss.len(), 2);
         assert!(p.hostile_nodes.iter().all(|&h| h > 0));

@@ -138,6 +138,11 @@ pub struct PolicyReport {
     pub final_accuracy_sd: f64,
     /// Mean final accuracy per task cluster.
     pub final_by_cluster: Vec<f64>,
+    /// Final accuracy of each cluster's consensus model (the mean parameters of its honest
+    /// nodes), averaged over honest nodes. Against [`Self::final_accuracy`] it splits a gap to
+    /// the all-reduce in two: what the cluster learned as a whole, and how far its nodes'
+    /// models have drifted apart (merging updates exerts no pull between models).
+    pub consensus_accuracy: f64,
     /// Mean bytes per node per round.
     pub bytes_per_node_round: f64,
     /// Wall-clock seconds spent on this policy.
@@ -395,6 +400,8 @@ pub fn run(cfg: &LearnConfig, progress: ProgressFn<'_>) -> Result<LearnReport, L
                 mean(&v)
             })
             .collect();
+        state.report.consensus_accuracy =
+            consensus_accuracy(cfg, &data.final_eval, &data.cluster, &state.params, &honest)?;
         let b: Vec<f64> = state
             .report
             .rounds
@@ -440,6 +447,51 @@ fn evaluate(
             },
         )
         .collect()
+}
+
+/// Accuracy of each cluster's consensus model, the mean parameters of its `nodes`, on the
+/// cluster's digits in `eval`, weighted by the cluster's share of `nodes`.
+fn consensus_accuracy(
+    cfg: &LearnConfig,
+    eval: &[Examples],
+    cluster: &[usize],
+    params: &[Vec<f32>],
+    nodes: &[usize],
+) -> Result<f64, LearnError> {
+    let clusters = cfg.setting.clusters();
+    let mut means = Vec::with_capacity(clusters);
+    let mut members = Vec::with_capacity(clusters);
+    let mut of_cluster = Vec::with_capacity(clusters);
+    for c in 0..clusters {
+        let of_c: Vec<&Vec<f32>> = nodes
+            .iter()
+            .filter(|&&i| cluster.get(i) == Some(&c))
+            .filter_map(|&i| params.get(i))
+            .collect();
+        let len = of_c.first().map_or(0, |p| p.len());
+        let mut acc = vec![0f64; len];
+        for p in &of_c {
+            for (a, &x) in acc.iter_mut().zip(p.iter()) {
+                *a += f64::from(x);
+            }
+        }
+        if of_c.is_empty() {
+            continue;
+        }
+        let k = of_c.len() as f64;
+        means.push(
+            acc.into_iter()
+                .map(|a| (a / k) as f32)
+                .collect::<Vec<f32>>(),
+        );
+        members.push(k);
+        of_cluster.push(c);
+    }
+    // Slot `j` holds cluster `of_cluster[j]`'s consensus model.
+    let slots: Vec<usize> = (0..means.len()).collect();
+    let acc = evaluate(cfg, eval, &of_cluster, &means, &slots)?;
+    let total: f64 = members.iter().sum();
+    Ok(acc.iter().zip(&members).map(|(a, m)| a * m).sum::<f64>() / total.max(1.0))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -978,6 +1030,19 @@ mod tests {
             );
         }
         assert_eq!(by("local").bytes_per_node_round, 0.0);
+        // All-reduce and oracle nodes hold one model per cluster: it is their consensus model.
+        for name in ["allreduce", "oracle"] {
+            let p = by(name);
+            assert!(
+                (p.consensus_accuracy - p.final_accuracy).abs() < 1e-12,
+                "{name}: {} vs {}",
+                p.consensus_accuracy,
+                p.final_accuracy
+            );
+        }
+        // Local nodes drift apart; averaging their models is a different model.
+        let l = by("local");
+        assert!(l.consensus_accuracy > 0.0 && l.consensus_accuracy != l.final_accuracy);
         // Ring all-reduce of the dense f32 update: 2·(n−1)/n of it per node.
         let dense = 4.0 * 50_890.0;
         let ar = by("allreduce").bytes_per_node_round;
