@@ -13,6 +13,9 @@
 //!   cheap enough for the simulator to run for thousands of virtual nodes.
 //! - [`synthesize`]: the robust, similarity-weighted merge of the own update with peers', which
 //!   rejects scaled and sign-flipped updates and says why.
+//! - [`snapshot`] and [`pull`]: a model as a dense f16 body, and the gossip-averaging step that
+//!   moves a node part of the way toward a partner's model (merging updates alone lets models
+//!   drift apart).
 //! - [`DistillerState`]: what the node persists so a crash loses nothing.
 //!
 //! An **update** is always one flat `&[f32]` holding every layer of the
@@ -42,6 +45,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod consensus;
 mod decode;
 mod distiller;
 mod embed;
@@ -51,6 +55,7 @@ mod policy;
 mod state;
 mod synth;
 
+pub use consensus::{ConsensusError, Pull, PullConfig, pull, snapshot};
 pub use decode::decode;
 pub use distiller::{Distilled, Distiller, LayerReport, Report};
 pub use embed::{Embedded, Embedder, EmbeddingConfig};

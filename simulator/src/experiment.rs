@@ -42,7 +42,7 @@ pub struct ExperimentConfig {
 
 impl Default for ExperimentConfig {
     /// 64 nodes × 30 rounds, seeds 1-3, IID / 4 rotation / 4 label-permutation clusters, the
-    /// seven rows of [`PolicySpec::evaluation_table`], 20% hostile nodes on the label setting.
+    /// eight rows of [`PolicySpec::evaluation_table`], 20% hostile nodes on the label setting.
     fn default() -> Self {
         Self {
             seeds: vec![1, 2, 3],
@@ -427,7 +427,7 @@ mod tests {
         };
         let r = run(&cfg, &|_, _, _| {}).unwrap();
         let s = r.setting("label2").unwrap();
-        assert_eq!(s.rows.len(), 7);
+        assert_eq!(s.rows.len(), 8);
         for row in &s.rows {
             assert_eq!(row.runs.len(), 2, "{}", row.name);
             assert!(row.accuracy.mean.is_finite(), "{}", row.name);
@@ -441,6 +441,9 @@ mod tests {
         assert_eq!(oracle.purity.mean, 1.0);
         assert!((oracle.consensus.mean - oracle.accuracy.mean).abs() < 1e-12);
         assert!(s.row("kindred").unwrap().consensus.mean.is_finite());
+        // Model snapshots are counted in the bytes of the row that fetches them.
+        let bytes = |n: &str| s.row(n).unwrap().bytes.mean;
+        assert!(bytes("kindred+snapshots") > bytes("kindred"));
         let p = r.poisoning.unwrap();
         assert_eq!(p.robust_loss.len(), 2);
         assert!(p.hostile_nodes.iter().all(|&h| h > 0));

@@ -3,7 +3,9 @@
 use std::path::Path;
 
 use clap::{Args, ValueEnum};
-use kindred_simulator::learn::{Attack, Hostile, LearnConfig, LearnReport, PolicySpec, Setting};
+use kindred_simulator::learn::{
+    Attack, Consensus, Hostile, LearnConfig, LearnReport, PolicySpec, Setting,
+};
 use kindred_simulator::plot::{Chart, Series, line_chart};
 use serde_json::{Value, json};
 
@@ -40,7 +42,7 @@ pub(crate) struct LearnArgs {
     pub(crate) clusters: usize,
     /// Policies to compare: kindred, gossip, allreduce, local, oracle, or a row of
     /// `kindred-sim experiment` (topk8+allreduce, sign+allreduce, selective+allreduce,
-    /// selective+gossip4).
+    /// selective+gossip4, kindred+snapshots).
     #[arg(
         long,
         value_delimiter = ',',
@@ -78,6 +80,13 @@ pub(crate) struct LearnArgs {
     /// Share of hostile nodes (scaled ×10, sign-flipped, or noise of the same norm, in turn).
     #[arg(long, default_value_t = 0.0)]
     pub(crate) hostile: f64,
+    /// `kindred+snapshots` (a simulator prototype) fetches one merged partner's model every
+    /// this many rounds and moves part of the way toward it (default 2).
+    #[arg(long)]
+    pub(crate) snapshot_every: Option<u64>,
+    /// Share of the way `kindred+snapshots` moves toward the partner's model (default 0.5).
+    #[arg(long)]
+    pub(crate) snapshot_share: Option<f32>,
 }
 
 impl LearnArgs {
@@ -133,11 +142,12 @@ impl LearnArgs {
                         anyhow::anyhow!(
                             "unknown policy {other:?} (kindred, gossip, allreduce, local, oracle, \
                              topk8+allreduce, sign+allreduce, selective+allreduce, \
-                             selective+gossip4)"
+                             selective+gossip4, kindred+snapshots)"
                         )
                     }),
             })
             .collect::<anyhow::Result<_>>()?;
+        self.snapshots(&mut c.policies)?;
         if self.hostile > 0.0 {
             c.hostile = Some(Hostile {
                 fraction: self.hostile,
@@ -145,6 +155,38 @@ impl LearnArgs {
             });
         }
         Ok(c)
+    }
+}
+
+impl LearnArgs {
+    /// Apply `--snapshot-every` / `--snapshot-share` to the policies that average models.
+    fn snapshots(&self, policies: &mut [PolicySpec]) -> anyhow::Result<()> {
+        if self.snapshot_every.is_none() && self.snapshot_share.is_none() {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            policies.iter().any(|p| p.consensus.is_some()),
+            "--snapshot-every and --snapshot-share apply to kindred+snapshots: add it to --policies"
+        );
+        if let Some(every) = self.snapshot_every {
+            anyhow::ensure!(every >= 1, "--snapshot-every must be at least 1");
+        }
+        if let Some(share) = self.snapshot_share {
+            anyhow::ensure!(
+                share > 0.0 && share <= 1.0,
+                "--snapshot-share must be in (0, 1]"
+            );
+        }
+        for c in policies.iter_mut().filter_map(|p| p.consensus.as_mut()) {
+            *c = Consensus {
+                every: self.snapshot_every.unwrap_or(c.every),
+                pull: kindred_distill::PullConfig {
+                    share: self.snapshot_share.unwrap_or(c.pull.share),
+                    ..c.pull
+                },
+            };
+        }
+        Ok(())
     }
 }
 
@@ -296,6 +338,8 @@ fn write_outputs(dir: &Path, reports: &[LearnReport]) -> anyhow::Result<()> {
                     f(s.dht_bytes_per_node),
                     f(s.header_bytes_per_node),
                     f(s.body_bytes_per_node),
+                    f(s.snapshot_bytes_per_node),
+                    f(s.pulls_clipped),
                     f(s.partners),
                     f(s.candidates),
                     f(s.purity),
@@ -322,6 +366,8 @@ fn write_outputs(dir: &Path, reports: &[LearnReport]) -> anyhow::Result<()> {
             "dht_bytes_per_node",
             "header_bytes_per_node",
             "body_bytes_per_node",
+            "snapshot_bytes_per_node",
+            "pulls_clipped",
             "partners",
             "candidates",
             "purity",

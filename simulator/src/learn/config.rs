@@ -1,6 +1,6 @@
 //! What a learning run does: data setting, policies, training, evaluation, hostile nodes.
 
-use kindred_distill::{EmbeddingConfig, Policy, SynthConfig};
+use kindred_distill::{EmbeddingConfig, Policy, PullConfig, SynthConfig};
 use kindred_node::trainer::{Arch, Task, TrainConfig};
 use kindred_routing::{CosineGate, Discovery};
 
@@ -97,6 +97,8 @@ pub struct PolicySpec {
     pub compression: Compression,
     /// Merge rule.
     pub merge: Merge,
+    /// Model gossip averaging on top of the merge (semantic partners only), if any.
+    pub consensus: Option<Consensus>,
 }
 
 impl PolicySpec {
@@ -107,6 +109,7 @@ impl PolicySpec {
             partners: Partners::Semantic,
             compression: Compression::Distill(Policy::default()),
             merge: Merge::Robust(SynthConfig::default()),
+            consensus: None,
         }
     }
 
@@ -117,6 +120,7 @@ impl PolicySpec {
             partners: Partners::Gossip { fanout },
             compression: Compression::Distill(Policy::default()),
             merge: Merge::Robust(SynthConfig::default()),
+            consensus: None,
         }
     }
 
@@ -127,6 +131,7 @@ impl PolicySpec {
             partners: Partners::AllReduce,
             compression: Compression::Full,
             merge: Merge::Mean,
+            consensus: None,
         }
     }
 
@@ -137,6 +142,7 @@ impl PolicySpec {
             partners: Partners::Local,
             compression: Compression::Full,
             merge: Merge::Mean,
+            consensus: None,
         }
     }
 
@@ -147,6 +153,7 @@ impl PolicySpec {
             partners: Partners::Oracle,
             compression: Compression::Full,
             merge: Merge::Mean,
+            consensus: None,
         }
     }
 
@@ -165,6 +172,7 @@ impl PolicySpec {
                 ..Policy::default()
             }),
             merge: Merge::Mean,
+            consensus: None,
         }
     }
 
@@ -182,6 +190,7 @@ impl PolicySpec {
                 ..Policy::default()
             }),
             merge: Merge::Mean,
+            consensus: None,
         }
     }
 
@@ -192,6 +201,7 @@ impl PolicySpec {
             partners: Partners::AllReduce,
             compression: Compression::Distill(Policy::default()),
             merge: Merge::Mean,
+            consensus: None,
         }
     }
 
@@ -208,8 +218,22 @@ impl PolicySpec {
                 ..Self::gossip(4)
             },
             Self::kindred(),
+            Self::kindred_snapshots(),
             Self::oracle(),
         ]
+    }
+
+    /// Kindred plus model gossip averaging every other round ([`Consensus`]): a simulator
+    /// prototype, the node does not do it yet.
+    pub fn kindred_snapshots() -> Self {
+        Self {
+            name: "kindred+snapshots".into(),
+            consensus: Some(Consensus {
+                every: 2,
+                pull: PullConfig::default(),
+            }),
+            ..Self::kindred()
+        }
     }
 
     /// Kindred without the robust merge (a plain sample-weighted mean of the partners it found):
@@ -252,6 +276,22 @@ pub struct Hostile {
     pub fraction: f64,
     /// Attacks, assigned to hostile nodes in turn.
     pub attacks: Vec<Attack>,
+}
+
+/// Gossip averaging of models on top of merging updates: every `every` rounds each semantic node
+/// fetches one of the partners it merged that round, at random, as a model snapshot
+/// (`kindred_distill::snapshot`, dense f16) and moves part of the way toward it
+/// (`kindred_distill::pull`).
+///
+/// A simulator prototype: the node does not do it yet. It is what the consensus figure
+/// ([`crate::learn::PolicyReport::consensus_accuracy`]) says is missing: merging updates lets
+/// nodes' models drift apart.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Consensus {
+    /// Rounds between pulls (1: every round).
+    pub every: u64,
+    /// The step toward the partner.
+    pub pull: PullConfig,
 }
 
 /// Everything a learning run depends on.

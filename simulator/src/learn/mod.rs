@@ -16,5 +16,7 @@
 pub mod config;
 pub mod run;
 
-pub use config::{Attack, Compression, Hostile, LearnConfig, Merge, Partners, PolicySpec, Setting};
+pub use config::{
+    Attack, Compression, Consensus, Hostile, LearnConfig, Merge, Partners, PolicySpec, Setting,
+};
 pub use run::{LearnError, LearnReport, PolicyReport, RoundStats, run};

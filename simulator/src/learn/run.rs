@@ -33,8 +33,10 @@
 
 use std::time::Instant;
 
+use half::f16;
+
 use kindred_distill::{
-    Distiller, Embedder, Layout, Synthesis, UpdateRef, Verdict, decode, synthesize,
+    Distiller, Embedder, Layout, Synthesis, UpdateRef, Verdict, decode, pull, snapshot, synthesize,
 };
 use kindred_node::trainer::{Examples, Mnist, Model, ModelError, Split};
 use kindred_proto::{Embedding, HeaderFields, ModelSpec, SIMHASH_BITS, SimHash, seal};
@@ -44,7 +46,7 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rayon::prelude::*;
 
-use super::config::{Attack, Compression, LearnConfig, Merge, Partners, PolicySpec};
+use super::config::{Attack, Compression, Consensus, LearnConfig, Merge, Partners, PolicySpec};
 use crate::routing::overlay::Overlay;
 use crate::stats::{mean, sd};
 
@@ -82,6 +84,9 @@ pub enum LearnError {
     /// Multi-probe failed.
     #[error("probe: {0}")]
     Probe(#[from] kindred_routing::keys::ProbeError),
+    /// A model snapshot could not be made or used.
+    #[error("consensus: {0}")]
+    Consensus(#[from] kindred_distill::ConsensusError),
     /// An invalid configuration.
     #[error("invalid learning configuration: {0}")]
     Config(String),
@@ -106,6 +111,10 @@ pub struct RoundStats {
     pub header_bytes_per_node: f64,
     /// Of which body fetches (or all-reduce payloads).
     pub body_bytes_per_node: f64,
+    /// Of which model snapshots ([`crate::learn::Consensus`]).
+    pub snapshot_bytes_per_node: f64,
+    /// Share of the nodes that pulled toward a partner's snapshot whose step was clipped.
+    pub pulls_clipped: f64,
     /// Mean partners merged per honest node.
     pub partners: f64,
     /// Mean candidates found per honest node (semantic: providers returned by the lookups).
@@ -772,6 +781,15 @@ fn step(
                 *x += u;
             }
         });
+    let (snapshot_total, pulls_clipped) = match state.spec.consensus {
+        Some(c)
+            if state.spec.partners == Partners::Semantic
+                && (r64 + 1).is_multiple_of(c.every.max(1)) =>
+        {
+            average_models(cfg, data, spec, state, &merged, &packed, c, r64)?
+        }
+        _ => (0.0, f64::NAN),
+    };
     if !state.distillers.is_empty()
         && matches!(
             state.spec.partners,
@@ -833,6 +851,7 @@ fn step(
     };
     let header_total: f64 = merged.iter().map(|m| m.header_bytes).sum();
     let body_total: f64 = merged.iter().map(|m| m.body_bytes).sum();
+
     let nf = n as f64;
     let body_mean = mean(
         &packed
@@ -846,7 +865,9 @@ fn step(
         dht_bytes_per_node: dht_total / nf,
         header_bytes_per_node: header_total / nf,
         body_bytes_per_node: body_total / nf,
-        bytes_per_node: (dht_total + header_total + body_total) / nf,
+        snapshot_bytes_per_node: snapshot_total / nf,
+        pulls_clipped,
+        bytes_per_node: (dht_total + header_total + body_total + snapshot_total) / nf,
         partners: match state.spec.partners {
             Partners::AllReduce | Partners::Oracle => avg(&|_, m| m.candidates as f64),
             _ => avg(&|_, m| m.accepted.len() as f64),
@@ -873,6 +894,106 @@ fn step(
     stats.accuracy = mean(&acc);
     stats.accuracy_sd = sd(&acc);
     Ok(stats)
+}
+
+/// [`Consensus`]: every node that merged someone fetches one of this round's accepted partners
+/// at random as a snapshot and pulls toward it. Returns the bytes moved and the share of pulls
+/// clipped. Hostile nodes serve their model corrupted by their attack.
+#[allow(clippy::too_many_arguments)]
+fn average_models(
+    cfg: &LearnConfig,
+    data: &Data,
+    spec: &ModelSpec,
+    state: &mut State,
+    merged: &[Merged],
+    packed: &[Packed],
+    consensus: Consensus,
+    round: u64,
+) -> Result<(f64, f64), LearnError> {
+    let n = cfg.nodes;
+    let picks: Vec<Option<u32>> = merged
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let mut rng = crate::rng::stream(cfg.seed, &[0xC0_5E, round, i as u64]);
+            let k = rng.below(m.accepted.len().max(1) as u64) as usize;
+            m.accepted.get(k).copied()
+        })
+        .collect();
+    let mut wanted = vec![false; n];
+    for &p in picks.iter().flatten() {
+        if let Some(w) = wanted.get_mut(p as usize) {
+            *w = true;
+        }
+    }
+    let origin = &state.origin;
+    // What each fetched node serves: its decoded snapshot and the bytes of the sealed packet.
+    let served: Vec<Option<(Vec<f32>, usize)>> = state
+        .params
+        .par_iter()
+        .enumerate()
+        .map(|(i, p)| -> Result<_, LearnError> {
+            if !wanted.get(i).copied().unwrap_or(false) {
+                return Ok(None);
+            }
+            let mut model = p.clone();
+            if let Some(Some(attack)) = data.hostile.get(i) {
+                let mut cumulative: Vec<f32> = p.iter().zip(origin).map(|(x, o)| x - o).collect();
+                corrupt(
+                    &mut cumulative,
+                    *attack,
+                    node_word(cfg.seed, 0x5BAD, round, i),
+                );
+                // An attacker sends whatever the format carries: f16's largest values at most.
+                let max = f32::from(f16::MAX);
+                for ((x, o), c) in model.iter_mut().zip(origin).zip(&cumulative) {
+                    *x = o + c.clamp(-max, max);
+                }
+            }
+            let body = snapshot(&model, origin, spec)?;
+            let bytes = kindred_proto::encode_body(&body).len()
+                + packed.get(i).map_or(0, |x| x.header_bytes);
+            Ok(Some((decode(&body, spec)?, bytes)))
+        })
+        .collect::<Result<_, _>>()?;
+    let pulls: Vec<Option<bool>> = state
+        .params
+        .par_iter_mut()
+        .zip(picks.par_iter())
+        .zip(merged.par_iter())
+        .map(|((p, pick), m)| -> Result<_, LearnError> {
+            let Some((partner, _)) = pick.and_then(|k| served.get(k as usize)?.as_ref()) else {
+                return Ok(None);
+            };
+            let reference = m
+                .update
+                .iter()
+                .map(|&x| f64::from(x) * f64::from(x))
+                .sum::<f64>()
+                .sqrt();
+            let done = pull(p, origin, partner, reference, &consensus.pull)?;
+            Ok(Some(done.clipped))
+        })
+        .collect::<Result<_, _>>()?;
+    let bytes: f64 = picks
+        .iter()
+        .flatten()
+        .filter_map(|&k| served.get(k as usize)?.as_ref())
+        .map(|(_, b)| REQUEST_BYTES + *b as f64)
+        .sum();
+    let done: Vec<f64> = pulls
+        .iter()
+        .flatten()
+        .map(|&c| if c { 1.0 } else { 0.0 })
+        .collect();
+    Ok((
+        bytes,
+        if done.is_empty() {
+            f64::NAN
+        } else {
+            mean(&done)
+        },
+    ))
 }
 
 /// Sample-weighted mean of the sent updates per group (fixed summation order).
@@ -1094,6 +1215,49 @@ mod tests {
         let every = run(&cfg, &quiet).unwrap();
         let dht = |r: &LearnReport| r.policies[0].rounds[3].dht_bytes_per_node;
         assert!(dht(&every) > 4.0 * dht(&r).max(1.0));
+    }
+
+    #[test]
+    fn snapshot_rounds_fetch_one_partner_model_per_merging_node() {
+        let mut cfg = small();
+        cfg.rounds = 4;
+        cfg.train.steps = 12;
+        cfg.policies = vec![PolicySpec::kindred(), PolicySpec::kindred_snapshots()];
+        let r = run(&cfg, &quiet).unwrap();
+        let (plain, snap) = (&r.policies[0], &r.policies[1]);
+        assert!(
+            plain
+                .rounds
+                .iter()
+                .all(|s| s.snapshot_bytes_per_node == 0.0)
+        );
+        // Every other round (1 and 3), each node that merged somebody fetches one dense f16
+        // model: 2 bytes per parameter plus framing, a header and the request.
+        let model = 2.0 * r.params as f64;
+        for s in &snap.rounds {
+            if s.round % 2 == 1 {
+                // At most one fetch per node, and most nodes merged somebody.
+                assert!(
+                    s.snapshot_bytes_per_node > 0.5 * model
+                        && s.snapshot_bytes_per_node < 1.1 * model,
+                    "round {}: {}",
+                    s.round,
+                    s.snapshot_bytes_per_node
+                );
+                assert_eq!(s.pulls_clipped, 0.0, "honest partners are not clipped");
+            } else {
+                assert_eq!(s.snapshot_bytes_per_node, 0.0);
+            }
+            assert!(
+                (s.bytes_per_node
+                    - s.dht_bytes_per_node
+                    - s.header_bytes_per_node
+                    - s.body_bytes_per_node
+                    - s.snapshot_bytes_per_node)
+                    .abs()
+                    < 1e-6
+            );
+        }
     }
 
     #[test]

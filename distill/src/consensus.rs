@@ -1,0 +1,357 @@
+//! Consensus: moving a node's model part of the way toward a partner's.
+//!
+//! Why: [`crate::synthesize`] merges *updates*, and a partner's update is computed at the
+//! partner's parameters and pulls them toward the partner's data. Nothing pulls the nodes'
+//! models toward each other, so each drifts toward its own shard, and past a few rounds a
+//! partner's update is partly about a model the node no longer has. `kindred-sim learn` measures
+//! the drift as the gap between the nodes' accuracy and their cluster's consensus model (the
+//! mean of their parameters). Gossip averaging closes it: now and then a node fetches one
+//! partner's model and moves a share of the way toward it.
+//!
+//! A [`snapshot`] is a model as its cumulative update from the swarm's common initial model,
+//! in a packet body of dense f16 layers: the same wire format, decoder and size bounds as any
+//! outcome-packet body, at 2 bytes per parameter. [`pull`] validates what came back and
+//! bounds the step by the node's own motion this round, so a snapshot from a hostile peer moves
+//! a node no farther than a clipped update would.
+//!
+//! ```
+//! use kindred_distill::{PullConfig, decode, pull, snapshot};
+//! use kindred_proto::{DType, LayerSpec, ModelSpec};
+//!
+//! let spec = ModelSpec::new(vec![LayerSpec::new("w", [4], DType::F32)])?;
+//! let origin = vec![0.0; 4];
+//! let partner = snapshot(&[1.0, 1.0, 1.0, 1.0], &origin, &spec)?;
+//! let mut mine = vec![0.0; 4];
+//! let p = pull(&mut mine, &origin, &decode(&partner, &spec)?, 10.0, &PullConfig::default())?;
+//! assert_eq!(mine, vec![0.5; 4]);
+//! assert!(!p.clipped);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use half::f16;
+use kindred_proto::{DenseValues, LayerPayload, ModelSpec, PacketBody};
+
+use crate::layout::Layout;
+
+/// Why a snapshot could not be made or used.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConsensusError {
+    /// Parameters, origin and snapshot differ in length.
+    #[error("length {found}, expected {expected}")]
+    Length {
+        /// The node's parameter count.
+        expected: usize,
+        /// What was given.
+        found: usize,
+    },
+    /// A value is NaN or infinite.
+    #[error("non-finite value at {index}")]
+    NonFinite {
+        /// First offending position.
+        index: usize,
+    },
+    /// A value does not fit f16.
+    #[error("value {value} at {index} does not fit f16")]
+    OutOfRange {
+        /// Position.
+        index: usize,
+        /// The value.
+        value: f32,
+    },
+    /// An invalid [`PullConfig`].
+    #[error("invalid pull configuration: {0}")]
+    Config(&'static str),
+}
+
+/// How far a node moves toward a partner's model.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PullConfig {
+    /// Share of the distance to the partner's model covered, in (0, 1]. Default 0.5: the two
+    /// models' average, the classic gossip-averaging step.
+    pub share: f32,
+    /// The step's norm is clipped to this many times `reference_norm` (the norm of the node's
+    /// own merged update this round). Default 2: honest partners need 0.2-1.2 on MNIST
+    /// (`kindred-sim learn --setting iid --snapshot-every 1`), and a hostile snapshot moves a
+    /// node at most twice its own round's motion.
+    pub max_step_ratio: f32,
+}
+
+impl Default for PullConfig {
+    fn default() -> Self {
+        Self {
+            share: 0.5,
+            max_step_ratio: 2.0,
+        }
+    }
+}
+
+impl PullConfig {
+    fn validate(&self) -> Result<(), ConsensusError> {
+        if !(self.share > 0.0 && self.share <= 1.0) {
+            return Err(ConsensusError::Config("share must be in (0, 1]"));
+        }
+        if !(self.max_step_ratio.is_finite() && self.max_step_ratio >= 0.0) {
+            return Err(ConsensusError::Config(
+                "max_step_ratio must be finite and not negative",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What a [`pull`] did.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Pull {
+    /// Norm of the step taken.
+    pub step_norm: f64,
+    /// Norm of the step before clipping.
+    pub wanted_norm: f64,
+    /// Whether the step was clipped.
+    pub clipped: bool,
+}
+
+fn check_finite(values: &[f32]) -> Result<(), ConsensusError> {
+    match values.iter().position(|v| !v.is_finite()) {
+        Some(index) => Err(ConsensusError::NonFinite { index }),
+        None => Ok(()),
+    }
+}
+
+fn check_len(expected: usize, found: usize) -> Result<(), ConsensusError> {
+    if expected == found {
+        Ok(())
+    } else {
+        Err(ConsensusError::Length { expected, found })
+    }
+}
+
+/// The model `params` as a packet body: its cumulative update `params − origin`, one dense f16
+/// layer per layer of `spec`.
+///
+/// # Errors
+/// [`ConsensusError`] when lengths differ from `spec`, or a value is not finite or does not fit
+/// f16.
+pub fn snapshot(
+    params: &[f32],
+    origin: &[f32],
+    spec: &ModelSpec,
+) -> Result<PacketBody, ConsensusError> {
+    let layout = Layout::new(spec);
+    check_len(layout.len(), params.len())?;
+    check_len(layout.len(), origin.len())?;
+    let mut layers = Vec::with_capacity(layout.layers());
+    for range in layout.ranges() {
+        let start = range.start;
+        let (Some(p), Some(o)) = (params.get(range.clone()), origin.get(range)) else {
+            return Err(ConsensusError::Length {
+                expected: layout.len(),
+                found: params.len(),
+            });
+        };
+        let mut values = Vec::with_capacity(p.len());
+        for (k, (x, o)) in p.iter().zip(o).enumerate() {
+            let d = x - o;
+            let h = f16::from_f32(d);
+            if !h.is_finite() {
+                return Err(if d.is_finite() {
+                    ConsensusError::OutOfRange {
+                        index: start + k,
+                        value: d,
+                    }
+                } else {
+                    ConsensusError::NonFinite { index: start + k }
+                });
+            }
+            values.push(h);
+        }
+        layers.push(LayerPayload::Dense(DenseValues::F16(values)));
+    }
+    Ok(PacketBody { layers })
+}
+
+/// Move `params` a share of the way toward the partner model `origin + partner` (a decoded
+/// [`snapshot`]), the step's norm clipped to `max_step_ratio · reference_norm`.
+///
+/// Nothing is changed on error.
+///
+/// # Errors
+/// [`ConsensusError`] on a length mismatch, a non-finite input or an invalid configuration.
+pub fn pull(
+    params: &mut [f32],
+    origin: &[f32],
+    partner: &[f32],
+    reference_norm: f64,
+    config: &PullConfig,
+) -> Result<Pull, ConsensusError> {
+    config.validate()?;
+    check_len(params.len(), origin.len())?;
+    check_len(params.len(), partner.len())?;
+    check_finite(partner)?;
+    let share = f64::from(config.share);
+    let wanted_norm = params
+        .iter()
+        .zip(origin)
+        .zip(partner)
+        .map(|((&x, &o), &c)| {
+            let d = share * (f64::from(o) + f64::from(c) - f64::from(x));
+            d * d
+        })
+        .sum::<f64>()
+        .sqrt();
+    let limit = f64::from(config.max_step_ratio) * reference_norm.max(0.0);
+    let (scale, clipped) = if wanted_norm > limit {
+        (
+            if wanted_norm > 0.0 {
+                limit / wanted_norm
+            } else {
+                0.0
+            },
+            true,
+        )
+    } else {
+        (1.0, false)
+    };
+    let f = share * scale;
+    for ((x, &o), &c) in params.iter_mut().zip(origin).zip(partner) {
+        let target = f64::from(o) + f64::from(c);
+        *x = (f64::from(*x) + f * (target - f64::from(*x))) as f32;
+    }
+    Ok(Pull {
+        step_norm: wanted_norm * scale,
+        wanted_norm,
+        clipped,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decode;
+    use kindred_proto::{DType, HeaderFields, LayerSpec, decode_body, decode_header, seal};
+    use libp2p_identity::ed25519;
+    use proptest::prelude::*;
+
+    fn spec() -> ModelSpec {
+        ModelSpec::new(vec![
+            LayerSpec::new("w", [3, 4], DType::F32),
+            LayerSpec::new("b", [4], DType::F32),
+        ])
+        .unwrap()
+    }
+
+    #[test]
+    fn a_snapshot_round_trips_the_cumulative_update_through_the_wire() {
+        let spec = spec();
+        let origin: Vec<f32> = (0..16).map(|i| i as f32 * 0.1).collect();
+        let params: Vec<f32> = origin.iter().map(|o| o + 0.25).collect();
+        let body = snapshot(&params, &origin, &spec).unwrap();
+        let sealed = seal(
+            &ed25519::Keypair::from(ed25519::SecretKey::try_from_bytes([7u8; 32]).unwrap()),
+            &spec,
+            HeaderFields {
+                round: 3,
+                unix_ms: 0,
+                samples: 1,
+                loss: 0.0,
+                embedding: kindred_proto::Embedding::default(),
+            },
+            &body,
+        )
+        .unwrap();
+        let bytes = &sealed.body_bytes;
+        // Two bytes per parameter plus per-layer framing.
+        assert!(bytes.len() >= 32 && bytes.len() < 64, "{}", bytes.len());
+        let header = decode_header(&sealed.header_bytes).unwrap();
+        let back = decode_body(header.header(), &spec, bytes).unwrap();
+        let back = decode(&back, &spec).unwrap();
+        assert!(back.iter().all(|&c| (c - 0.25).abs() < 1e-3), "{back:?}");
+    }
+
+    #[test]
+    fn a_snapshot_refuses_what_f16_cannot_carry() {
+        let spec = spec();
+        let origin = vec![0.0; 16];
+        let mut params = vec![0.0; 16];
+        params[13] = 1e6;
+        assert_eq!(
+            snapshot(&params, &origin, &spec),
+            Err(ConsensusError::OutOfRange {
+                index: 13,
+                value: 1e6
+            })
+        );
+        params[13] = f32::NAN;
+        assert_eq!(
+            snapshot(&params, &origin, &spec),
+            Err(ConsensusError::NonFinite { index: 13 })
+        );
+        assert!(matches!(
+            snapshot(&params[..15], &origin, &spec),
+            Err(ConsensusError::Length { .. })
+        ));
+    }
+
+    #[test]
+    fn a_far_snapshot_moves_the_node_no_farther_than_the_clip() {
+        let origin = vec![0.0; 4];
+        let mut mine = vec![0.0; 4];
+        // Half the way to (100, 0, 0, 0) is a step of 50; the clip allows 2 · 5 = 10.
+        let p = pull(
+            &mut mine,
+            &origin,
+            &[100.0, 0.0, 0.0, 0.0],
+            5.0,
+            &PullConfig::default(),
+        )
+        .unwrap();
+        assert!(p.clipped);
+        assert!((p.wanted_norm - 50.0).abs() < 1e-9);
+        assert!((p.step_norm - 10.0).abs() < 1e-9);
+        assert!((mine[0] - 10.0).abs() < 1e-5 && mine[1] == 0.0);
+    }
+
+    #[test]
+    fn bad_snapshots_and_configurations_change_nothing() {
+        let origin = vec![0.0; 3];
+        let mut mine = vec![1.0; 3];
+        let cfg = PullConfig::default();
+        assert_eq!(
+            pull(&mut mine, &origin, &[0.0, f32::INFINITY, 0.0], 1.0, &cfg),
+            Err(ConsensusError::NonFinite { index: 1 })
+        );
+        assert!(matches!(
+            pull(&mut mine, &origin, &[0.0; 2], 1.0, &cfg),
+            Err(ConsensusError::Length { .. })
+        ));
+        let bad = PullConfig { share: 0.0, ..cfg };
+        assert!(matches!(
+            pull(&mut mine, &origin, &[0.0; 3], 1.0, &bad),
+            Err(ConsensusError::Config(_))
+        ));
+        assert_eq!(mine, vec![1.0; 3]);
+    }
+
+    proptest! {
+        #[test]
+        fn a_pull_never_overshoots_the_partner_nor_the_clip(
+            mine in prop::collection::vec(-10.0f32..10.0, 1..32),
+            shift in -10.0f32..10.0,
+            share in 0.01f32..=1.0,
+            reference in 0.0f64..5.0,
+        ) {
+            let origin = vec![0.0; mine.len()];
+            let partner: Vec<f32> = mine.iter().map(|x| x + shift).collect();
+            let mut after = mine.clone();
+            let cfg = PullConfig { share, max_step_ratio: 2.0 };
+            let p = pull(&mut after, &origin, &partner, reference, &cfg).unwrap();
+            prop_assert!(p.step_norm <= 2.0 * reference + 1e-6);
+            prop_assert!(p.step_norm <= p.wanted_norm + 1e-6);
+            for ((a, m), t) in after.iter().zip(&mine).zip(&partner) {
+                // Every coordinate moves toward the partner and stops short of it.
+                prop_assert!((a - m).abs() <= (t - m).abs() + 1e-4);
+                prop_assert!((t - a).abs() <= (t - m).abs() + 1e-4);
+            }
+        }
+    }
+}
