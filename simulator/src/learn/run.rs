@@ -21,10 +21,14 @@
 //! 4. **Merge**: a plain mean, or `kindred_distill::synthesize` of the node's own (dense) update
 //!    with its partners' decoded updates; the node adds the result to its parameters, and folds
 //!    accepted peer updates into its embedding's running mean.
+//! 5. **Consensus** (a policy with [`crate::learn::Consensus`], `kindred+snapshots`): every few
+//!    rounds each node fetches one partner it merged as a model snapshot
+//!    (`kindred_distill::snapshot`) and moves part of the way toward it
+//!    (`kindred_distill::pull`).
 //!
 //! Bytes per node per round are all bytes on the wire that round divided by the number of
-//! nodes: DHT messages, header and body fetches (each with a 64-byte request), or an all-reduce
-//! (a ring all-reduce moves `2·(n − 1)/n` payloads per node).
+//! nodes: DHT messages, header, body and snapshot fetches (each with a 64-byte request), or an
+//! all-reduce (a ring all-reduce moves `2·(n − 1)/n` payloads per node).
 //!
 //! One simplification: a node that searches between discovery rounds (it had nobody left to
 //! follow) announces and looks up in a routing round of its own, so it finds only the nodes
@@ -851,7 +855,6 @@ fn step(
     };
     let header_total: f64 = merged.iter().map(|m| m.header_bytes).sum();
     let body_total: f64 = merged.iter().map(|m| m.body_bytes).sum();
-
     let nf = n as f64;
     let body_mean = mean(
         &packed
