@@ -2,7 +2,7 @@
 //! under three data settings and several seeds, plus Kindred and the oracle, a poisoning run and
 //! cluster purity.
 //!
-//! Why a separate driver: one learning run ([`crate::learn::run`]) compares policies on one seed
+//! Why a separate driver: one learning run ([`crate::learn::run()`]) compares policies on one seed
 //! and one setting. A claim such as "within a point of the oracle" needs every row on the same
 //! seeds, its spread across seeds, and the derived columns (ratio to the baseline's bytes, rounds
 //! to 90% of the oracle's final accuracy) computed the same way for every row. This module runs

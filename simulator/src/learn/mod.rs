@@ -2,7 +2,7 @@
 //! packing their updates with `kindred-distill`, finding partners (among them through the
 //! routing model) and merging with `kindred_distill::synthesize`, under several policies at once.
 //!
-//! [`run`] executes a [`LearnConfig`]: every [`PolicySpec`] (partner selection × wire format ×
+//! [`run()`] executes a [`LearnConfig`]: every [`PolicySpec`] (partner selection × wire format ×
 //! merge rule) runs on its own copy of the nodes from the same initial model, shards and
 //! minibatches; [`LearnReport`] holds per-round accuracy, traffic, partners and purity per policy.
 //! The building blocks (settings, compression policies, hostile nodes) are public so that
