@@ -156,9 +156,7 @@ impl LearnArgs {
         }
         Ok(c)
     }
-}
 
-impl LearnArgs {
     /// Apply `--snapshot-every` / `--snapshot-share` to the policies that average models.
     fn snapshots(&self, policies: &mut [PolicySpec]) -> anyhow::Result<()> {
         if self.snapshot_every.is_none() && self.snapshot_share.is_none() {

@@ -205,8 +205,9 @@ impl PolicySpec {
         }
     }
 
-    /// The rows of the selective-compression evaluation table plus Kindred and the oracle, the
-    /// baseline (`allreduce`) first: what `kindred-sim experiment` compares.
+    /// The rows of the selective-compression evaluation table plus Kindred, the snapshot
+    /// prototype and the oracle, the baseline (`allreduce`) first: what `kindred-sim experiment`
+    /// compares.
     pub fn evaluation_table() -> Vec<Self> {
         vec![
             Self::allreduce(),
