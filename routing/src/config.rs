@@ -119,6 +119,22 @@ impl CosineGate {
         let nearest = (1.0 - best).max(Self::MIN_DISTANCE);
         cosine >= self.min && 1.0 - cosine <= self.max_distance_ratio * nearest
     }
+
+    /// Keep the candidates of `items` the gate admits, measured against the best of them, in
+    /// their order. The one place the best is taken, for the lookup's body fetches, the peers
+    /// followed and the simulator.
+    ///
+    /// ```
+    /// use kindred_routing::CosineGate;
+    ///
+    /// let mut ranked = vec![("b", 0.97), ("c", 0.88), ("a", 0.99), ("d", 0.3)];
+    /// CosineGate::default().retain_admitted(&mut ranked, |r| r.1);
+    /// assert_eq!(ranked, vec![("b", 0.97), ("a", 0.99)]);
+    /// ```
+    pub fn retain_admitted<T>(&self, items: &mut Vec<T>, cosine: impl Fn(&T) -> f32) {
+        let best = items.iter().map(&cosine).fold(f32::NEG_INFINITY, f32::max);
+        items.retain(|t| self.admits(best, cosine(t)));
+    }
 }
 
 /// Parameters of the sans-IO [`crate::RoutingCore`].

@@ -109,8 +109,7 @@ impl Discovery {
     ) -> Vec<P> {
         let mut above: Vec<(P, f32)> = ranked.into_iter().collect();
         above.sort_by(|a, b| b.1.total_cmp(&a.1));
-        let best = above.first().map_or(f32::NEG_INFINITY, |a| a.1);
-        above.retain(|(_, c)| gate.admits(best, *c));
+        gate.retain_admitted(&mut above, |a| a.1);
         let mut out: Vec<P> = Vec::with_capacity(self.follow.min(above.len()));
         for (p, _) in above {
             if out.len() >= self.follow {

@@ -860,18 +860,12 @@ impl RoutingCore {
             })
             .collect();
         if l.spec.is_some() {
-            let best = l
-                .candidates
-                .iter()
-                .map(|c| c.cosine)
-                .fold(f32::NEG_INFINITY, f32::max);
-            l.body_queue = l
-                .candidates
-                .iter()
-                .enumerate()
-                .filter(|(_, c)| l.gate.admits(best, c.cosine))
-                .map(|(i, _)| i)
-                .collect();
+            let mut queue: Vec<usize> = (0..l.candidates.len()).collect();
+            let candidates = &l.candidates;
+            l.gate.retain_admitted(&mut queue, |&i| {
+                candidates.get(i).map_or(f32::NEG_INFINITY, |c| c.cosine)
+            });
+            l.body_queue = queue.into();
         }
         l.phase = Phase::Fetch;
         // Learn which bands are hot for the next window.

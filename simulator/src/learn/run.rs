@@ -471,40 +471,33 @@ fn consensus_accuracy(
     params: &[Vec<f32>],
     nodes: &[usize],
 ) -> Result<f64, LearnError> {
-    let clusters = cfg.setting.clusters();
-    let mut means = Vec::with_capacity(clusters);
-    let mut members = Vec::with_capacity(clusters);
-    let mut of_cluster = Vec::with_capacity(clusters);
-    for c in 0..clusters {
-        let of_c: Vec<&Vec<f32>> = nodes
-            .iter()
-            .filter(|&&i| cluster.get(i) == Some(&c))
-            .filter_map(|&i| params.get(i))
-            .collect();
-        let len = of_c.first().map_or(0, |p| p.len());
-        let mut acc = vec![0f64; len];
-        for p in &of_c {
-            for (a, &x) in acc.iter_mut().zip(p.iter()) {
-                *a += f64::from(x);
-            }
-        }
-        if of_c.is_empty() {
-            continue;
-        }
-        let k = of_c.len() as f64;
-        means.push(
-            acc.into_iter()
-                .map(|a| (a / k) as f32)
-                .collect::<Vec<f32>>(),
-        );
-        members.push(k);
-        of_cluster.push(c);
-    }
-    // Slot `j` holds cluster `of_cluster[j]`'s consensus model.
-    let slots: Vec<usize> = (0..means.len()).collect();
-    let acc = evaluate(cfg, eval, &of_cluster, &means, &slots)?;
-    let total: f64 = members.iter().sum();
-    Ok(acc.iter().zip(&members).map(|(a, m)| a * m).sum::<f64>() / total.max(1.0))
+    let of = |k: usize| nodes.get(k).copied().unwrap_or(usize::MAX);
+    let groups: Vec<usize> = (0..nodes.len())
+        .map(|k| cluster.get(of(k)).copied().unwrap_or(0))
+        .collect();
+    let len = params.first().map_or(0, Vec::len);
+    let model = |k: usize| params.get(of(k)).map_or(&[][..], |p| &p[..]);
+    let means = group_means(&model, nodes.len(), &vec![1; nodes.len()], &groups, len);
+    // Clusters without a node in `nodes` have no consensus to score.
+    let members: Vec<f64> = (0..means.len())
+        .map(|c| groups.iter().filter(|&&g| g == c).count() as f64)
+        .collect();
+    let scored: Vec<usize> = (0..means.len())
+        .filter(|&c| members.get(c).is_some_and(|&m| m > 0.0))
+        .collect();
+    let acc = evaluate(
+        cfg,
+        eval,
+        &(0..means.len()).collect::<Vec<_>>(),
+        &means,
+        &scored,
+    )?;
+    let weighted: f64 = scored
+        .iter()
+        .zip(&acc)
+        .map(|(&c, a)| a * members.get(c).copied().unwrap_or(0.0))
+        .sum();
+    Ok(weighted / (nodes.len() as f64).max(1.0))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -743,22 +736,14 @@ fn step(
                     })
                     .collect();
                 ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-                let headers = ranked
-                    .len()
-                    .min(kindred_routing::LookupConfig::default().max_providers);
-                let best = ranked.first().map_or(f32::NEG_INFINITY, |r| r.0);
-                let peers: Vec<u32> = ranked
-                    .iter()
-                    .take(headers)
-                    .filter(|(c, _)| cfg.gate.admits(best, *c))
-                    .take(cfg.top_m)
-                    .map(|(_, p)| *p)
-                    .collect();
+                // Headers are asked of at most `max_providers` candidates.
+                ranked.truncate(kindred_routing::LookupConfig::default().max_providers);
+                let mut admitted = ranked.clone();
+                cfg.gate.retain_admitted(&mut admitted, |r| r.0);
+                let peers: Vec<u32> = admitted.iter().take(cfg.top_m).map(|r| r.1).collect();
                 let mut m = merge_with(&state.spec, i, &peers, own_of(i), &ex, cands.len())?;
-                m.ranked = ranked.iter().take(headers).map(|&(c, p)| (p, c)).collect();
                 m.header_bytes = ranked
                     .iter()
-                    .take(headers)
                     .map(|(_, p)| {
                         REQUEST_BYTES
                             + packed
@@ -766,6 +751,7 @@ fn step(
                                 .map_or(0.0, |x| x.header_bytes as f64)
                     })
                     .sum();
+                m.ranked = ranked.into_iter().map(|(c, p)| (p, c)).collect();
                 Ok(m)
             })
             .collect::<Result<_, LearnError>>()?,
