@@ -54,6 +54,21 @@ pub struct RoundRecord {
     pub f32_bytes: u64,
     /// Lookup wall time, milliseconds.
     pub lookup_ms: u64,
+    /// The model snapshot pull of this round, in snapshot rounds with a partner.
+    #[serde(default)]
+    pub snapshot: Option<SnapshotRecord>,
+}
+
+/// What a round's snapshot pull did.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SnapshotRecord {
+    /// The partner whose snapshot was fetched.
+    pub from: String,
+    /// `pulled`, `clipped` (pulled, the step cut to its limit), or why not: `not_found`,
+    /// `refused`, `invalid`, `stale`, `unusable`, `deadline`, `failed`, `stopped`.
+    pub outcome: String,
+    /// Norm of the step taken over the norm of the round's merged update (before the pull).
+    pub step_ratio: Option<f64>,
 }
 
 /// What `/v1/status` returns.

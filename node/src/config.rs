@@ -173,6 +173,14 @@ pub struct NodeConfig {
     /// After its first 3 rounds a node searches the DHT for partners every this many rounds,
     /// and follows the partners it found in between (1: search every round).
     pub discovery_every: u64,
+    /// Every this many rounds (0: never) a node fetches the model snapshot of one partner it
+    /// merged that round, picked at random, and moves `snapshot_share` of the way toward it.
+    /// Merging updates alone lets the models of nodes with the same data drift apart; this
+    /// pulls them back together, for one dense f16 model fetched per pull.
+    pub snapshot_every: u64,
+    /// Share of the distance to the partner's model a pull covers, in (0, 1]; the step is also
+    /// clipped to twice the norm of the node's own merged update that round.
+    pub snapshot_share: f32,
     /// Log format.
     pub log_format: LogFormat,
     /// Trainer.
@@ -192,6 +200,8 @@ impl Default for NodeConfig {
             partners: kindred_routing::LookupConfig::default().top_m,
             probes: 8,
             discovery_every: 10,
+            snapshot_every: 2,
+            snapshot_share: kindred_distill::PullConfig::default().share,
             log_format: LogFormat::Text,
             trainer: TrainerConfig::default(),
         }
@@ -244,6 +254,9 @@ impl NodeConfig {
         if self.discovery_every == 0 {
             return bad("discovery_every must be at least 1");
         }
+        if !(self.snapshot_share > 0.0 && self.snapshot_share <= 1.0) {
+            return bad("snapshot_share must be in (0, 1]");
+        }
         let t = &self.trainer;
         if t.shards == 0 || t.shard >= t.shards {
             return bad("trainer.shard must be below trainer.shards");
@@ -282,5 +295,9 @@ mod tests {
         assert!(toml::from_str::<NodeConfig>("round_sec = 2.5").is_err());
         let bad: NodeConfig = toml::from_str("[trainer]\nshard = 4\nshards = 4\n").unwrap();
         assert!(matches!(bad.validate(), Err(ConfigError::Invalid(_))));
+        let bad: NodeConfig = toml::from_str("snapshot_share = 1.5\n").unwrap();
+        assert!(matches!(bad.validate(), Err(ConfigError::Invalid(_))));
+        let off: NodeConfig = toml::from_str("snapshot_every = 0\n").unwrap();
+        off.validate().unwrap();
     }
 }

@@ -44,6 +44,8 @@ pub struct DemoOptions {
     pub steps: usize,
     /// DHT search period of every node ([`NodeConfig::discovery_every`]).
     pub discovery_every: u64,
+    /// Snapshot pull period of every node ([`NodeConfig::snapshot_every`]).
+    pub snapshot_every: u64,
     /// Where to keep node directories (a temporary directory when `None`).
     pub dir: Option<PathBuf>,
     /// The `kindred` binary to start the nodes with.
@@ -78,6 +80,8 @@ pub struct NodeResult {
     pub partners: usize,
     /// Share of them from its own cluster (1 when it had none).
     pub purity: f64,
+    /// Rounds in which it pulled toward a partner's model snapshot.
+    pub pulls: usize,
 }
 
 /// The demo's results.
@@ -100,6 +104,10 @@ pub struct DemoReport {
     pub bytes_allreduce: f64,
     /// Share of merge partners from the node's own cluster.
     pub partner_purity: f64,
+    /// Snapshot rounds in which a node had a partner to fetch a snapshot from, over all nodes.
+    pub snapshot_rounds: usize,
+    /// Of those, the rounds in which it pulled toward the partner's model.
+    pub snapshot_pulls: usize,
     /// Wall time of the whole demo.
     pub seconds: f64,
     /// Per-cluster accuracy.
@@ -146,6 +154,7 @@ pub fn run(opts: DemoOptions) -> anyhow::Result<DemoReport> {
             round_secs: opts.round_secs,
             rounds: Some(opts.rounds),
             discovery_every: opts.discovery_every,
+            snapshot_every: opts.snapshot_every,
             trainer: TrainerConfig {
                 label_shift: cluster as u8,
                 shard: i,
@@ -266,13 +275,20 @@ fn report(
             .map_or(0.0, f64::from)
     };
     let (mut same, mut partners) = (0usize, 0usize);
+    let (mut snapshot_rounds, mut snapshot_pulls) = (0usize, 0usize);
     let mut bytes = 0f64;
     let mut wire = 0f64;
     let mut per_node = Vec::with_capacity(n);
     for (i, s) in summaries.iter().enumerate() {
         let mine = cluster_of.get(&s.peer_id);
-        let (mut node_same, mut node_partners) = (0, 0);
+        let (mut node_same, mut node_partners, mut pulls) = (0, 0, 0);
         for r in &s.history {
+            if let Some(p) = &r.snapshot {
+                snapshot_rounds += 1;
+                if matches!(p.outcome.as_str(), "pulled" | "clipped") {
+                    pulls += 1;
+                }
+            }
             node_partners += r.partners.len();
             node_same += r
                 .partners
@@ -282,6 +298,7 @@ fn report(
         }
         same += node_same;
         partners += node_partners;
+        snapshot_pulls += pulls;
         let rounds = s.history.len().max(1) as f64;
         bytes += s.bytes_sent as f64 / rounds;
         wire += s.wire_bytes_sent as f64 / rounds;
@@ -296,6 +313,7 @@ fn report(
             } else {
                 node_same as f64 / node_partners as f64
             },
+            pulls,
         });
     }
     let clusters = (0..opts.clusters)
@@ -329,6 +347,8 @@ fn report(
         } else {
             same as f64 / partners as f64
         },
+        snapshot_rounds,
+        snapshot_pulls,
         seconds,
         clusters,
         per_node,
@@ -385,6 +405,10 @@ pub fn print(r: &DemoReport, json: bool) {
         "partner purity: {:.1}% of merge partners from the node's own cluster",
         r.partner_purity * 100.0
     );
+    println!(
+        "model snapshots: pulled toward a partner's model in {} of {} snapshot rounds",
+        r.snapshot_pulls, r.snapshot_rounds
+    );
     if json {
         println!(
             "{}",
@@ -397,6 +421,8 @@ pub fn print(r: &DemoReport, json: bool) {
                 "wire_bytes_per_node_round": r.wire_bytes_per_node_round,
                 "bytes_allreduce": r.bytes_allreduce,
                 "partner_purity": r.partner_purity,
+                "snapshot_rounds": r.snapshot_rounds,
+                "snapshot_pulls": r.snapshot_pulls,
                 "seconds": r.seconds,
             })
         );

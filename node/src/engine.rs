@@ -2,8 +2,13 @@
 //!
 //! ```text
 //! train → distill → seal → store → announce → look up → headers → rank → bodies → verify
-//!       → synthesize → apply → checkpoint
+//!       → synthesize → apply → seal snapshot → [fetch a partner's snapshot → pull] → checkpoint
 //! ```
+//!
+//! Merging updates alone lets nodes' models drift apart (a partner's update is computed at the
+//! partner's parameters), so every few rounds the node also fetches one merged partner's model
+//! snapshot and moves part of the way toward it ([`Engine::pull_toward`]); it serves its own
+//! ([`Engine::seal_snapshot`]) to partners doing the same.
 //!
 //! The engine owns no clock and no socket: [`Engine::make_packet`] and [`Engine::merge`] are the
 //! two halves of a round around the network exchange, and the driver ([`crate::run`]) decides
@@ -14,10 +19,12 @@
 use std::sync::Arc;
 
 use kindred_distill::{
-    Distiller, DistillerState, EmbeddingConfig, Policy, SynthConfig, UpdateRef, Verdict, decode,
-    synthesize,
+    ConsensusError, Distiller, DistillerState, EmbeddingConfig, Policy, Pull, PullConfig,
+    SynthConfig, UpdateRef, Verdict, decode, pull, snapshot, synthesize,
 };
-use kindred_proto::{HeaderFields, ModelSpec, PacketId, SealedPacket, seal};
+use kindred_proto::{
+    Embedding, HeaderFields, ModelSpec, OutcomePacket, PacketId, SealedPacket, seal, seal_snapshot,
+};
 use libp2p_identity::{PeerId, PublicKey, ed25519};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -54,6 +61,9 @@ pub enum EngineError {
     /// No update arrived from the external trainer for this round.
     #[error("no update from the external trainer")]
     NoUpdate,
+    /// A model snapshot could not be made, or a partner's could not be used.
+    #[error("model snapshot: {0}")]
+    Snapshot(#[from] ConsensusError),
 }
 
 /// Where a round's update comes from.
@@ -126,6 +136,17 @@ pub struct MergeReport {
     pub rejected: Vec<(PeerId, &'static str)>,
     /// The merged update (own contribution included).
     pub merged: Vec<f32>,
+}
+
+impl MergeReport {
+    /// L2 norm of the merged update: the yardstick a snapshot pull's step is clipped to.
+    pub fn merged_norm(&self) -> f64 {
+        self.merged
+            .iter()
+            .map(|&x| f64::from(x) * f64::from(x))
+            .sum::<f64>()
+            .sqrt()
+    }
 }
 
 /// One node's learning state.
@@ -444,6 +465,63 @@ impl Engine {
         Ok(report)
     }
 
+    /// Seal the node's model as it stands (its cumulative update since the swarm's common
+    /// initial model, dense f16) as the snapshot peers fetch; call after [`Engine::merge`].
+    ///
+    /// # Errors
+    /// [`EngineError::Snapshot`] when a parameter is not finite or does not fit f16 (the model
+    /// has diverged), [`EngineError::Seal`] on an encoding failure.
+    pub fn seal_snapshot(&self, round: u64, unix_ms: u64) -> Result<SealedPacket, EngineError> {
+        let body = snapshot(&self.base, &self.origin, &self.spec)?;
+        let fields = HeaderFields {
+            round,
+            unix_ms,
+            samples: 0,
+            loss: 0.0,
+            // Snapshots are fetched from a known partner, never routed: no embedding.
+            embedding: Embedding::default(),
+        };
+        Ok(seal_snapshot(&self.keypair, &self.spec, fields, &body)?)
+    }
+
+    /// Which of this round's merge `partners` to fetch a snapshot from: one at random, the
+    /// same for a given node and round.
+    pub fn snapshot_partner(&self, round: u64, partners: &[PeerId]) -> Option<PeerId> {
+        use rand::Rng;
+        if partners.is_empty() {
+            return None;
+        }
+        let mut rng = StdRng::seed_from_u64(seed_of(&self.peer_id) ^ round.rotate_left(29));
+        partners.get(rng.random_range(0..partners.len())).copied()
+    }
+
+    /// Move the model toward a partner's verified snapshot (`kindred_distill::pull`): `config`'s
+    /// share of the way, the step clipped relative to this round's merged update in `report`,
+    /// to which the step is added (an external trainer applies it with the merge).
+    ///
+    /// # Errors
+    /// [`EngineError::Snapshot`] when the snapshot does not fit the model or is not finite;
+    /// nothing changes then.
+    pub fn pull_toward(
+        &mut self,
+        partner: &OutcomePacket,
+        report: &mut MergeReport,
+        config: &PullConfig,
+    ) -> Result<Pull, EngineError> {
+        let cumulative =
+            decode(&partner.body, &self.spec).map_err(|e| EngineError::Distill(e.to_string()))?;
+        let reference = report.merged_norm();
+        let before = self.base.clone();
+        let done = pull(&mut self.base, &self.origin, &cumulative, reference, config)?;
+        if let Source::Builtin(b) = &mut self.source {
+            b.model.set_params(&self.base)?;
+        }
+        for ((m, after), before) in report.merged.iter_mut().zip(&self.base).zip(&before) {
+            *m += after - before;
+        }
+        Ok(done)
+    }
+
     /// Held-out accuracy of the built-in model (`None` for an external trainer).
     ///
     /// # Errors
@@ -517,4 +595,114 @@ fn params_from_bytes(bytes: &[u8], spec: &ModelSpec) -> Result<Vec<f32>, EngineE
         .chunks_exact(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A directory removed when dropped.
+    struct Dir(std::path::PathBuf);
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// An engine with an external trainer (no data needed) in a fresh directory.
+    fn external(name: &str) -> (Engine, Dir) {
+        let dir = std::env::temp_dir().join(format!(
+            "kindred-engine-{name}-{:016x}",
+            rand::random::<u64>()
+        ));
+        let store = Store::open(&dir).unwrap_or_else(|e| panic!("{e}"));
+        let mut config = NodeConfig::default();
+        config.trainer.kind = TrainerKind::External;
+        let engine = Engine::open(store, &config).unwrap_or_else(|e| panic!("{e}"));
+        (engine, Dir(dir))
+    }
+
+    /// One round on `update` with no peers: the merged update is the node's own.
+    fn round(engine: &mut Engine, round: u64, update: Vec<f32>) -> MergeReport {
+        engine
+            .push_external(ExternalUpdate {
+                update,
+                samples: 32,
+                loss: 1.0,
+            })
+            .unwrap_or_else(|e| panic!("{e}"));
+        let out = engine
+            .make_packet(round, 0)
+            .unwrap_or_else(|e| panic!("{e}"));
+        engine.merge(&out, &[]).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn a_pull_moves_halfway_to_a_partners_snapshot_and_joins_the_merged_update() {
+        let ((mut a, _da), (mut b, _db)) = (external("a"), external("b"));
+        let n = a.spec().numel() as usize;
+        let wave = |scale: f32| -> Vec<f32> {
+            (0..n)
+                .map(|i| scale * (i as f32 * 0.37).sin() * 1e-2)
+                .collect()
+        };
+        let merged_a = round(&mut a, 3, wave(1.0)).merged;
+        let mut report = round(&mut b, 3, wave(0.6));
+
+        let sealed = a.seal_snapshot(3, 0).unwrap_or_else(|e| panic!("{e}"));
+        // A snapshot is not a packet: it verifies only as a snapshot, and as `a`'s.
+        assert!(kindred_proto::decode_header(&sealed.header_bytes).is_err());
+        let snapshot =
+            OutcomePacket::decode_snapshot(&sealed.header_bytes, &sealed.body_bytes, a.spec())
+                .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(snapshot.header.header().sender, a.peer_id());
+
+        let own = report.merged.clone();
+        let done = b
+            .pull_toward(&snapshot, &mut report, &PullConfig::default())
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(!done.clipped);
+        // b's model is now halfway between the two (up to f16 rounding of a's snapshot), and
+        // the step is part of what b's trainer applies this round.
+        for ((m, o), a) in report.merged.iter().zip(&own).zip(&merged_a) {
+            let want = 0.5 * (o + a);
+            assert!((m - want).abs() <= 1e-3 * a.abs() + 1e-6, "{m} vs {want}");
+        }
+        let ratio = done.step_norm
+            / own
+                .iter()
+                .map(|&x| f64::from(x).powi(2))
+                .sum::<f64>()
+                .sqrt();
+        assert!((ratio - 1.0 / 3.0).abs() < 0.01, "{ratio}");
+
+        // A snapshot of another model is refused, and changes nothing.
+        let mut wrong = snapshot.clone();
+        wrong.body.layers.pop();
+        let before = report.merged.clone();
+        assert!(
+            b.pull_toward(&wrong, &mut report, &PullConfig::default())
+                .is_err()
+        );
+        assert_eq!(report.merged, before);
+    }
+
+    #[test]
+    fn a_distant_snapshot_is_clipped_to_twice_the_merged_update() {
+        let ((mut a, _da), (mut b, _db)) = (external("far-a"), external("far-b"));
+        let n = a.spec().numel() as usize;
+        round(&mut a, 1, vec![0.5; n]);
+        let mut report = round(&mut b, 1, vec![1e-3; n]);
+        let sealed = a.seal_snapshot(1, 0).unwrap_or_else(|e| panic!("{e}"));
+        let snapshot =
+            OutcomePacket::decode_snapshot(&sealed.header_bytes, &sealed.body_bytes, a.spec())
+                .unwrap_or_else(|e| panic!("{e}"));
+        let reference = report.merged_norm();
+        let done = b
+            .pull_toward(&snapshot, &mut report, &PullConfig::default())
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(done.clipped);
+        assert!((done.step_norm - 2.0 * reference).abs() < 1e-3 * reference);
+    }
 }

@@ -81,6 +81,9 @@ struct Overrides {
     /// in between; 1 searches every round.
     #[arg(long, env = "KINDRED_DISCOVERY_EVERY")]
     discovery_every: Option<u64>,
+    /// Pull toward one merged partner's model snapshot every this many rounds (0: never).
+    #[arg(long, env = "KINDRED_SNAPSHOT_EVERY")]
+    snapshot_every: Option<u64>,
     /// Where updates come from.
     #[arg(long, env = "KINDRED_TRAINER")]
     trainer: Option<TrainerKind>,
@@ -130,6 +133,7 @@ impl Overrides {
         }
         set(&mut c.partners, self.partners);
         set(&mut c.discovery_every, self.discovery_every);
+        set(&mut c.snapshot_every, self.snapshot_every);
         set(&mut c.log_format, self.log_format);
         let t = &mut c.trainer;
         set(&mut t.kind, self.trainer);
@@ -200,6 +204,9 @@ struct DemoArgs {
     /// Nodes search the DHT every this many rounds after their first 3 (1: every round).
     #[arg(long, default_value_t = 10)]
     discovery_every: u64,
+    /// Nodes pull toward a merged partner's model snapshot every this many rounds (0: never).
+    #[arg(long, default_value_t = 2)]
+    snapshot_every: u64,
     /// Keep the nodes' data directories here (default: a fresh temporary directory, removed).
     #[arg(long)]
     dir: Option<PathBuf>,
@@ -237,6 +244,7 @@ fn main() -> anyhow::Result<()> {
                 seed: args.seed,
                 steps: args.steps,
                 discovery_every: args.discovery_every,
+                snapshot_every: args.snapshot_every,
                 dir: args.dir,
                 binary: std::env::current_exe()?,
             })?;

@@ -45,6 +45,9 @@ pub struct NodeMetrics {
     /// Partner lookups by mode: `search` (the DHT, in discovery rounds) or `follow` (the
     /// partners found before, asked directly).
     pub lookups: Family<Labels, Counter>,
+    /// Model snapshot pulls by outcome (`pulled`, `clipped`, or why none: `not_found`,
+    /// `deadline`...).
+    pub snapshot_pulls: Family<Labels, Counter>,
 }
 
 impl Default for NodeMetrics {
@@ -104,6 +107,12 @@ impl NodeMetrics {
             "Partner lookups by mode (search the DHT, or follow known partners)",
             lookups.clone(),
         );
+        let snapshot_pulls = Family::<Labels, Counter>::default();
+        registry.register(
+            "snapshot_pulls",
+            "Model snapshot pulls by outcome (pulled, clipped, or why none)",
+            snapshot_pulls.clone(),
+        );
         registry.register_collector(Box::new(routing.clone()));
         Self {
             registry,
@@ -117,6 +126,7 @@ impl NodeMetrics {
             accuracy,
             merge_verdicts,
             lookups,
+            snapshot_pulls,
         }
     }
 
@@ -171,7 +181,11 @@ impl Collector for RoutingSnapshot {
         ] {
             let counter = ConstCounter::new(0u64);
             let mut family = encoder.encode_descriptor(name, help, None, counter.metric_type())?;
-            for (kind, k) in [("headers", &m.headers), ("body", &m.body)] {
+            for (kind, k) in [
+                ("headers", &m.headers),
+                ("body", &m.body),
+                ("snapshot", &m.snapshot),
+            ] {
                 for (direction, message, t) in traffic(k) {
                     let labels = [
                         ("kind", kind),

@@ -8,29 +8,32 @@
 //! |---|---|
 //! | 0 | train (or take the external trainer's update), distill, seal, store, announce |
 //! | [`LOOKUP_AT`] × T | look up partners (search the DHT in discovery rounds, otherwise ask the followed partners, see [`Follower`]); the lookup's deadline is [`LOOKUP_BUDGET`] × T |
-//! | when it returns | verify, synthesize, apply, evaluate, checkpoint, report |
+//! | when it returns | verify, synthesize, apply, seal the model snapshot peers may fetch |
+//! | then, every `snapshot_every` rounds | fetch one merged partner's snapshot and pull toward it (deadline [`SNAPSHOT_DEADLINE`] × T) |
+//! | then | evaluate, checkpoint, report |
 //!
 //! A slow or silent peer costs at most the lookup deadline: whatever was found by then is merged.
 //! On SIGINT/SIGTERM the loop abandons the round in progress (the last committed round stays
 //! intact, by construction of the store), flushes the store, writes `summary.json` and returns.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
+use kindred_distill::PullConfig;
 use kindred_proto::PacketId;
 use kindred_routing::{
     Follower, NetworkId, PacketStore, PartnerQuery, RoundPlan, RoutingConfig, RoutingHandle,
-    spawn as spawn_routing,
+    SnapshotError, spawn as spawn_routing,
 };
 use libp2p::pnet::PreSharedKey;
 use libp2p::{Multiaddr, PeerId};
 use tokio::sync::{mpsc, watch};
 
-use crate::api::{self, MAX_HISTORY, RoundRecord, Shared, Status};
+use crate::api::{self, MAX_HISTORY, RoundRecord, Shared, SnapshotRecord, Status};
 use crate::config::NodeConfig;
-use crate::engine::{Engine, EngineError, ExternalUpdate, PeerPacket};
+use crate::engine::{Engine, EngineError, ExternalUpdate, MergeReport, PeerPacket};
 use crate::metrics::NodeMetrics;
 use crate::store::Store;
 
@@ -38,21 +41,37 @@ use crate::store::Store;
 pub const LOOKUP_AT: f64 = 0.45;
 /// Deadline of the partner lookup, as a fraction of the round length.
 pub const LOOKUP_BUDGET: f64 = 0.4;
+/// Deadline of a snapshot fetch, as a fraction of the round length after its start.
+pub const SNAPSHOT_DEADLINE: f64 = 0.97;
 
 /// The summary a node writes to `summary.json` in its data directory when it stops.
 pub const SUMMARY_FILE: &str = "summary.json";
 
-/// Serve a node's packets to peers from its store.
+/// The node's newest sealed model snapshot (header and body bytes), shared with the routing task
+/// that serves it. Kept in memory only: after a restart the first completed round seals a new one.
+type SnapshotSlot = Arc<RwLock<Option<(Vec<u8>, Vec<u8>)>>>;
+
+/// Serve a node's packets to peers from its store, and its model snapshot from memory.
 #[derive(Debug)]
-struct StoreSource(Store);
+struct StoreSource {
+    store: Store,
+    snapshot: SnapshotSlot,
+}
 
 impl PacketStore for StoreSource {
     fn header(&self, id: &PacketId) -> Option<Vec<u8>> {
-        self.0.packet_header(id).ok().flatten()
+        self.store.packet_header(id).ok().flatten()
     }
 
     fn body(&self, id: &PacketId) -> Option<Vec<u8>> {
-        self.0.packet_body(id).ok().flatten()
+        self.store.packet_body(id).ok().flatten()
+    }
+
+    fn snapshot(&self) -> Option<(Vec<u8>, Vec<u8>)> {
+        self.snapshot
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 }
 
@@ -111,10 +130,14 @@ pub async fn run(
         routing_config.core.lookup.gate,
     );
     let keypair = libp2p::identity::Keypair::from(engine.keypair().clone());
+    let snapshots = SnapshotSlot::default();
     let (routing, mut events) = spawn_routing(
         keypair,
         routing_config,
-        Arc::new(StoreSource(store.clone())),
+        Arc::new(StoreSource {
+            store: store.clone(),
+            snapshot: snapshots.clone(),
+        }),
     )
     .await?;
     tracing::info!(%peer_id, listen = ?routing.listen_addrs(), "node started");
@@ -181,10 +204,16 @@ pub async fn run(
             round += 1;
         }
         let start = round * t_ms;
+        let mut ctx = RoundContext {
+            config: &config,
+            routing: &routing,
+            shared: &shared,
+            updates: &mut updates_rx,
+            following: &mut following,
+            snapshots: &snapshots,
+        };
         let step = tokio::select! {
-            r = run_round(
-                &mut engine, &routing, &shared, &mut updates_rx, &mut following, round, start, t_ms,
-            ) => r,
+            r = run_round(&mut engine, &mut ctx, round, start, t_ms) => r,
             _ = shutdown.wait_for(|s| *s) => {
                 tracing::info!(round, "shutting down: abandoning the round in progress");
                 break;
@@ -255,18 +284,26 @@ async fn sleep_until_ms(t: u64) {
     }
 }
 
+/// What a round works with besides the engine.
+struct RoundContext<'a> {
+    config: &'a NodeConfig,
+    routing: &'a RoutingHandle,
+    shared: &'a Shared,
+    updates: &'a mut mpsc::Receiver<ExternalUpdate>,
+    following: &'a mut Follower<PeerId>,
+    snapshots: &'a SnapshotSlot,
+}
+
 /// One round; see the module docs for the schedule.
-#[allow(clippy::too_many_arguments)]
 async fn run_round(
     engine: &mut Engine,
-    routing: &RoutingHandle,
-    shared: &Shared,
-    updates: &mut mpsc::Receiver<ExternalUpdate>,
-    following: &mut Follower<PeerId>,
+    ctx: &mut RoundContext<'_>,
     round: u64,
     start: u64,
     t_ms: u64,
 ) -> anyhow::Result<()> {
+    let (routing, shared) = (ctx.routing, ctx.shared);
+    let (updates, following) = (&mut *ctx.updates, &mut *ctx.following);
     sleep_until_ms(start).await;
     let began = std::time::Instant::now();
     if engine.is_external() {
@@ -333,7 +370,8 @@ async fn run_round(
         })
         .collect();
 
-    let report = tokio::task::block_in_place(|| engine.merge(&out, &peers))?;
+    let mut report = tokio::task::block_in_place(|| engine.merge(&out, &peers))?;
+    let snapshot = exchange_snapshots(engine, ctx, &mut report, round, start + t_ms).await;
     let accuracy = tokio::task::block_in_place(|| engine.accuracy())?;
     let merged_st = crate::api::update_to_safetensors(&report.merged, engine.spec()).ok();
     // Replay marks first: the round commit below flushes them with it.
@@ -364,6 +402,11 @@ async fn run_round(
     m.merge_verdicts
         .get_or_create(&vec![("verdict", "accepted".to_string())])
         .inc_by(report.partners.len() as u64);
+    if let Some(s) = &snapshot {
+        m.snapshot_pulls
+            .get_or_create(&vec![("outcome", s.outcome.clone())])
+            .inc();
+    }
     let info = routing.info().await;
     let routing_metrics = routing.metrics().await;
     if let Some(rm) = &routing_metrics {
@@ -388,6 +431,7 @@ async fn run_round(
         packet_bytes,
         f32_bytes: engine.spec().f32_bytes(),
         lookup_ms,
+        snapshot: snapshot.clone(),
     };
     tracing::info!(
         round,
@@ -405,6 +449,7 @@ async fn run_round(
             .unwrap_or_default(),
         bytes_out = packet_bytes,
         lookup_ms,
+        snapshot = snapshot.as_ref().map(|s| s.outcome.as_str()).unwrap_or("-"),
         "round done"
     );
     shared.set_status(|s| {
@@ -430,6 +475,92 @@ async fn run_round(
         }
     });
     Ok(())
+}
+
+/// After the merge: seal the model snapshot peers fetch this round, and in a snapshot round
+/// (`snapshot_every`) fetch one merged partner's and pull toward it, giving up
+/// [`SNAPSHOT_DEADLINE`] into the round that ends at `round_end_ms`. Returns what the pull did,
+/// `None` outside snapshot rounds or without a partner.
+async fn exchange_snapshots(
+    engine: &mut Engine,
+    ctx: &RoundContext<'_>,
+    report: &mut MergeReport,
+    round: u64,
+    round_end_ms: u64,
+) -> Option<SnapshotRecord> {
+    let every = ctx.config.snapshot_every;
+    if every == 0 {
+        return None;
+    }
+    // Served from now on: the model as merged this round, before any pull. Sealed every round,
+    // because a partner that is a round behind asks for the previous one.
+    match tokio::task::block_in_place(|| engine.seal_snapshot(round, now_ms())) {
+        Ok(sealed) => {
+            *ctx.snapshots
+                .write()
+                .unwrap_or_else(PoisonError::into_inner) =
+                Some((sealed.header_bytes, sealed.body_bytes));
+        }
+        Err(e) => tracing::warn!(round, error = %e, "cannot seal a model snapshot"),
+    }
+    if !(round + 1).is_multiple_of(every) {
+        return None;
+    }
+    let partner = engine.snapshot_partner(round, &report.partners)?;
+    let round_ms = ctx.config.round_secs * 1000.0;
+    let deadline_ms = round_end_ms.saturating_sub(((1.0 - SNAPSHOT_DEADLINE) * round_ms) as u64);
+    let budget = Duration::from_millis(deadline_ms.saturating_sub(now_ms()));
+    // A partner still merging serves its previous round's model: one round old is accepted.
+    let oldest = round.saturating_sub(1);
+    let fetched = tokio::time::timeout(
+        budget,
+        ctx.routing
+            .fetch_snapshot(partner, engine.spec().clone(), oldest),
+    )
+    .await;
+    let pull_config = PullConfig {
+        share: ctx.config.snapshot_share,
+        ..PullConfig::default()
+    };
+    let reference = report.merged_norm();
+    let (outcome, step_ratio) = match fetched {
+        Ok(Ok(snapshot)) => {
+            match tokio::task::block_in_place(|| {
+                engine.pull_toward(&snapshot, report, &pull_config)
+            }) {
+                Ok(p) => (
+                    if p.clipped { "clipped" } else { "pulled" }.to_string(),
+                    Some(p.step_norm / reference.max(f64::MIN_POSITIVE)),
+                ),
+                Err(e) => {
+                    tracing::warn!(round, %partner, error = %e, "partner snapshot not usable");
+                    ("unusable".to_string(), None)
+                }
+            }
+        }
+        Ok(Err(e)) => {
+            tracing::debug!(round, %partner, error = %e, "no partner snapshot");
+            (snapshot_error_label(&e).to_string(), None)
+        }
+        Err(_) => ("deadline".to_string(), None),
+    };
+    Some(SnapshotRecord {
+        from: partner.to_string(),
+        outcome,
+        step_ratio,
+    })
+}
+
+/// A short, stable label for a failed snapshot fetch (metrics and the round record).
+fn snapshot_error_label(e: &SnapshotError) -> &'static str {
+    match e {
+        SnapshotError::NotFound => "not_found",
+        SnapshotError::Refused => "refused",
+        SnapshotError::Invalid(_) => "invalid",
+        SnapshotError::Stale { .. } => "stale",
+        SnapshotError::Stopped => "stopped",
+        _ => "failed",
+    }
 }
 
 /// Raise the soft open-file limit so the routing layer's connection limits can be reached: every

@@ -8,8 +8,10 @@
 //! [`ModelSpec`]. The same decoders back [`seal`], so a node cannot send what its peers reject.
 //!
 //! Layout of a signed header: `postcard(WireHeader) ‖ postcard(WireSeal)`; the signature covers
-//! `SIGNING_DOMAIN ‖ postcard(WireHeader)` exactly as received, so no re-encoding is needed to
-//! verify. A body is `varint(layer count) ‖ postcard(WireLayer)*`, byte-identical to postcard's
+//! `domain ‖ postcard(WireHeader)` exactly as received, so no re-encoding is needed to verify.
+//! The domain says what the header seals: an outcome packet (an update, [`seal`]) or a model
+//! snapshot ([`seal_snapshot`]). Both have the same layout, but a signature made for one never
+//! verifies as the other, so a peer cannot pass off a node's snapshot as one of its updates. A body is `varint(layer count) ‖ postcard(WireLayer)*`, byte-identical to postcard's
 //! encoding of a `Vec<WireLayer>`.
 
 use std::borrow::Cow;
@@ -28,9 +30,25 @@ use crate::payload::{CompressionSummary, DenseValues, LayerPayload, PacketBody, 
 use crate::spec::{DType, LayerSpec, ModelId, ModelSpec};
 use crate::varint;
 
-/// Prefix of every signed message, so a packet signature can never be replayed as a signature of
-/// another libp2p structure made with the same identity key.
-const SIGNING_DOMAIN: &[u8] = b"kindred/packet-header/v1\0";
+/// What a signature covers, prefixed to every signed message: a packet signature can never be
+/// replayed as a signature of another libp2p structure made with the same identity key, nor a
+/// snapshot's as a packet's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Domain {
+    /// An outcome packet: one round's distilled update.
+    Packet,
+    /// A model snapshot: a node's cumulative update, served on request.
+    Snapshot,
+}
+
+impl Domain {
+    fn prefix(self) -> &'static [u8] {
+        match self {
+            Self::Packet => b"kindred/packet-header/v1\0",
+            Self::Snapshot => b"kindred/snapshot-header/v1\0",
+        }
+    }
+}
 
 const ED25519_PUBLIC_KEY_LEN: usize = 32;
 const ED25519_SIGNATURE_LEN: usize = 64;
@@ -152,6 +170,50 @@ pub fn seal(
     fields: HeaderFields,
     body: &PacketBody,
 ) -> Result<SealedPacket, SealError> {
+    seal_in(Domain::Packet, keypair, spec, fields, body)
+}
+
+/// Encode, sign and validate a model snapshot: a body holding a node's whole cumulative update
+/// (see `kindred_distill::snapshot`), served to peers that ask for it.
+///
+/// Same layout and checks as [`seal`], signed under the snapshot domain: verify it with
+/// [`decode_snapshot_header`]; [`decode_header`] rejects it, as `decode_snapshot_header` rejects
+/// a packet.
+///
+/// ```
+/// use kindred_proto::*;
+/// use libp2p_identity::ed25519;
+///
+/// let key = ed25519::Keypair::from(ed25519::SecretKey::try_from_bytes([1u8; 32]).unwrap());
+/// let spec = ModelSpec::new(vec![LayerSpec::new("w", [4], DType::F32)])?;
+/// let body = PacketBody { layers: vec![LayerPayload::Dense(DenseValues::F16(vec![half::f16::ONE; 4]))] };
+/// let fields = HeaderFields { round: 3, unix_ms: 0, samples: 0, loss: 0.0, embedding: Embedding::default() };
+/// let snapshot = seal_snapshot(&key, &spec, fields, &body)?;
+///
+/// let header = decode_snapshot_header(&snapshot.header_bytes)?;
+/// assert_eq!(decode_body(header.header(), &spec, &snapshot.body_bytes)?, body);
+/// assert_eq!(decode_header(&snapshot.header_bytes), Err(DecodeError::BadSignature));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # Errors
+/// [`SealError::Invalid`] with the reason a receiver would give for rejecting the snapshot.
+pub fn seal_snapshot(
+    keypair: &ed25519::Keypair,
+    spec: &ModelSpec,
+    fields: HeaderFields,
+    body: &PacketBody,
+) -> Result<SealedPacket, SealError> {
+    seal_in(Domain::Snapshot, keypair, spec, fields, body)
+}
+
+fn seal_in(
+    domain: Domain,
+    keypair: &ed25519::Keypair,
+    spec: &ModelSpec,
+    fields: HeaderFields,
+    body: &PacketBody,
+) -> Result<SealedPacket, SealError> {
     let body_bytes = encode_body(body);
     let body_len = u32::try_from(body_bytes.len()).map_err(|_| DecodeError::Oversize {
         what: "body",
@@ -170,8 +232,8 @@ pub fn seal(
         body_hash: *blake3::hash(&body_bytes).as_bytes(),
         compression: CompressionSummary::of(body),
     };
-    let header_bytes = encode_header(&header, keypair);
-    let verified = decode_header(&header_bytes)?;
+    let header_bytes = encode_header_in(domain, &header, keypair);
+    let verified = decode_header_in(domain, &header_bytes)?;
     decode_body(verified.header(), spec, &body_bytes)?;
     Ok(SealedPacket {
         header: verified,
@@ -185,6 +247,10 @@ pub fn seal(
 /// Most callers want [`seal`]. This is the raw encoder, public so that tests and tools can build
 /// packets that receivers must reject.
 pub fn encode_header(header: &PacketHeader, keypair: &ed25519::Keypair) -> Vec<u8> {
+    encode_header_in(Domain::Packet, header, keypair)
+}
+
+fn encode_header_in(domain: Domain, header: &PacketHeader, keypair: &ed25519::Keypair) -> Vec<u8> {
     let sender = header.sender.to_bytes();
     let sketch: &[u8] = bytemuck::cast_slice(&header.embedding.sketch);
     let wire = WireHeader {
@@ -209,7 +275,7 @@ pub fn encode_header(header: &PacketHeader, keypair: &ed25519::Keypair) -> Vec<u
     let mut out = Vec::with_capacity(256 + sketch.len());
     // Serialising into a Vec only fails on allocation failure, which aborts anyway.
     out = postcard::to_extend(&wire, out).unwrap_or_default();
-    let signature = keypair.sign(&signing_message(&out));
+    let signature = keypair.sign(&signing_message(domain, &out));
     let public_key = keypair.public().to_bytes();
     postcard::to_extend(
         &WireSeal {
@@ -221,9 +287,10 @@ pub fn encode_header(header: &PacketHeader, keypair: &ed25519::Keypair) -> Vec<u
     .unwrap_or_default()
 }
 
-fn signing_message(header: &[u8]) -> Vec<u8> {
-    let mut msg = Vec::with_capacity(SIGNING_DOMAIN.len() + header.len());
-    msg.extend_from_slice(SIGNING_DOMAIN);
+fn signing_message(domain: Domain, header: &[u8]) -> Vec<u8> {
+    let prefix = domain.prefix();
+    let mut msg = Vec::with_capacity(prefix.len() + header.len());
+    msg.extend_from_slice(prefix);
     msg.extend_from_slice(header);
     msg
 }
@@ -236,6 +303,21 @@ fn signing_message(header: &[u8]) -> Vec<u8> {
 /// # Errors
 /// The first [`DecodeError`] found; nothing is allocated beyond [`MAX_HEADER_BYTES`].
 pub fn decode_header(bytes: &[u8]) -> Result<VerifiedHeader, DecodeError> {
+    decode_header_in(Domain::Packet, bytes)
+}
+
+/// Decode and verify the signed header of a model snapshot ([`seal_snapshot`]).
+///
+/// The same checks as [`decode_header`], against the snapshot signing domain: a packet header
+/// fails here with [`DecodeError::BadSignature`].
+///
+/// # Errors
+/// The first [`DecodeError`] found; nothing is allocated beyond [`MAX_HEADER_BYTES`].
+pub fn decode_snapshot_header(bytes: &[u8]) -> Result<VerifiedHeader, DecodeError> {
+    decode_header_in(Domain::Snapshot, bytes)
+}
+
+fn decode_header_in(domain: Domain, bytes: &[u8]) -> Result<VerifiedHeader, DecodeError> {
     if bytes.len() > MAX_HEADER_BYTES {
         return Err(DecodeError::Oversize {
             what: "header",
@@ -278,7 +360,7 @@ pub fn decode_header(bytes: &[u8]) -> Result<VerifiedHeader, DecodeError> {
         });
     }
     if seal.signature.len() != ED25519_SIGNATURE_LEN
-        || !key.verify(&signing_message(signed), seal.signature)
+        || !key.verify(&signing_message(domain, signed), seal.signature)
     {
         return Err(DecodeError::BadSignature);
     }

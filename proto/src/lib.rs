@@ -54,8 +54,8 @@ mod spec;
 mod varint;
 
 pub use codec::{
-    HeaderFields, SealedPacket, decode_body, decode_header, encode_body, encode_header,
-    encoded_layer_len, seal,
+    HeaderFields, SealedPacket, decode_body, decode_header, decode_snapshot_header, encode_body,
+    encode_header, encoded_layer_len, seal, seal_snapshot,
 };
 pub use error::{DecodeError, Part, SealError, SpecError};
 pub use header::{BodyHash, Embedding, PacketHeader, PacketId, SimHash, VerifiedHeader};
@@ -89,6 +89,21 @@ impl OutcomePacket {
         spec: &ModelSpec,
     ) -> Result<Self, DecodeError> {
         let header = decode_header(header_bytes)?;
+        let body = decode_body(header.header(), spec, body_bytes)?;
+        Ok(Self { header, body })
+    }
+
+    /// Decode and verify both halves of a model snapshot ([`seal_snapshot`]) received from a
+    /// peer.
+    ///
+    /// # Errors
+    /// The first [`DecodeError`] of [`decode_snapshot_header`] or [`decode_body`].
+    pub fn decode_snapshot(
+        header_bytes: &[u8],
+        body_bytes: &[u8],
+        spec: &ModelSpec,
+    ) -> Result<Self, DecodeError> {
+        let header = decode_snapshot_header(header_bytes)?;
         let body = decode_body(header.header(), spec, body_bytes)?;
         Ok(Self { header, body })
     }

@@ -1,10 +1,15 @@
-//! Request/response messages peers exchange to fetch packets: `GetHeaders` and `GetBody`.
+//! Request/response messages peers exchange to fetch packets: `GetHeaders` and `GetBody`, and
+//! `GetSnapshot` for a peer's whole model.
 //!
 //! Routing finds *which* peers hold similar updates; these two messages then move the packets.
 //! A node asks a provider for the headers it announced under some semantic keys (or for headers
 //! by [`PacketId`]), ranks them, and only then asks for the few bodies it will merge, by id. Every
 //! request carries a [`RequestId`] chosen by the requester, and every response echoes it, so a
 //! response can always be matched to (and checked against) the request that caused it.
+//!
+//! `GetSnapshot` asks a peer for its model as it stands (its cumulative update, sealed with
+//! [`crate::seal_snapshot`]): a node that merged the peer's update moves part of the way toward
+//! its model, so that nodes' models do not drift apart (see `kindred_distill::pull`).
 //!
 //! Like the packet codec, decoding treats the bytes as hostile. Postcard first parses the message
 //! into wire types that only *borrow* the input, so no claimed length can make the decoder
@@ -63,8 +68,12 @@ pub const MAX_HEADERS_RESPONSE_BYTES: usize =
 /// Largest encoded `Body` response accepted (bytes): the largest body plus its framing.
 pub const MAX_BODY_RESPONSE_BYTES: usize = MAX_BODY_BYTES + 32;
 
+/// Largest encoded `Snapshot` response accepted (bytes): a header and the largest body, plus
+/// their framing.
+pub const MAX_SNAPSHOT_RESPONSE_BYTES: usize = MAX_HEADER_BYTES + MAX_BODY_BYTES + 32;
+
 /// Largest encoded response of any kind (bytes).
-pub const MAX_RESPONSE_BYTES: usize = MAX_BODY_RESPONSE_BYTES;
+pub const MAX_RESPONSE_BYTES: usize = MAX_SNAPSHOT_RESPONSE_BYTES;
 
 const KEY_LEN: usize = 32;
 
@@ -122,6 +131,11 @@ pub enum RpcRequest {
         /// The packet whose body is wanted.
         packet: PacketId,
     },
+    /// Ask for the responder's model snapshot; answered by [`RpcResponse::Snapshot`].
+    GetSnapshot {
+        /// Echoed by the response.
+        id: RequestId,
+    },
 }
 
 /// Why the responder could not answer a request.
@@ -152,6 +166,15 @@ pub enum RpcResponse {
         /// The encoded body.
         body: Vec<u8>,
     },
+    /// The responder's model snapshot: verify with [`crate::OutcomePacket::decode_snapshot`].
+    Snapshot {
+        /// The request's id.
+        id: RequestId,
+        /// The encoded header, signed under the snapshot domain (at most [`MAX_HEADER_BYTES`]).
+        header: Vec<u8>,
+        /// The encoded body (at most [`MAX_BODY_BYTES`]).
+        body: Vec<u8>,
+    },
     /// The request could not be answered.
     Error {
         /// The request's id.
@@ -161,21 +184,24 @@ pub enum RpcResponse {
     },
 }
 
-/// Which of the two kinds of exchange a message belongs to.
+/// Which kind of exchange a message belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum RpcKind {
     /// `GetHeaders` / `Headers`.
     Headers,
     /// `GetBody` / `Body`.
     Body,
+    /// `GetSnapshot` / `Snapshot`.
+    Snapshot,
 }
 
 impl RpcKind {
-    /// A short, stable label (`"headers"`, `"body"`) for metrics and logs.
+    /// A short, stable label (`"headers"`, `"body"`, `"snapshot"`) for metrics and logs.
     pub fn label(self) -> &'static str {
         match self {
             Self::Headers => "headers",
             Self::Body => "body",
+            Self::Snapshot => "snapshot",
         }
     }
 }
@@ -256,6 +282,7 @@ enum WireRequest<'a> {
     // Appended last: postcard numbers variants in order, so the earlier encodings stay as
     // they were.
     HeadersLatest { id: u64 },
+    Snapshot { id: u64 },
 }
 
 #[derive(Serialize, Deserialize)]
@@ -278,6 +305,12 @@ enum WireResponse<'a> {
     Error {
         id: u64,
         code: WireErrorCode,
+    },
+    // Appended last, as `WireRequest::Snapshot`.
+    Snapshot {
+        id: u64,
+        header: &'a [u8],
+        body: &'a [u8],
     },
 }
 
@@ -306,7 +339,9 @@ impl RpcRequest {
     /// The request's id.
     pub fn id(&self) -> RequestId {
         match self {
-            Self::GetHeaders { id, .. } | Self::GetBody { id, .. } => *id,
+            Self::GetHeaders { id, .. } | Self::GetBody { id, .. } | Self::GetSnapshot { id } => {
+                *id
+            }
         }
     }
 
@@ -315,6 +350,7 @@ impl RpcRequest {
         match self {
             Self::GetHeaders { .. } => RpcKind::Headers,
             Self::GetBody { .. } => RpcKind::Body,
+            Self::GetSnapshot { .. } => RpcKind::Snapshot,
         }
     }
 
@@ -323,6 +359,7 @@ impl RpcRequest {
         match self.kind() {
             RpcKind::Headers => MAX_HEADERS_RESPONSE_BYTES,
             RpcKind::Body => MAX_BODY_RESPONSE_BYTES,
+            RpcKind::Snapshot => MAX_SNAPSHOT_RESPONSE_BYTES,
         }
     }
 
@@ -338,6 +375,7 @@ impl RpcRequest {
                 1 + varint_len(id.0) + varint_len(bytes as u64) + bytes
             }
             Self::GetBody { id, .. } => 1 + varint_len(id.0) + KEY_LEN,
+            Self::GetSnapshot { id } => 1 + varint_len(id.0),
         }
     }
 
@@ -383,6 +421,11 @@ impl RpcRequest {
                 out,
             )
             .unwrap_or_default()),
+            Self::GetSnapshot { id } => Ok(postcard::to_extend(
+                &WireRequest::Snapshot { id: id.0 },
+                out,
+            )
+            .unwrap_or_default()),
         }
     }
 
@@ -417,6 +460,7 @@ impl RpcRequest {
                 id: RequestId(id),
                 query: HeaderQuery::Latest,
             },
+            WireRequest::Snapshot { id } => Self::GetSnapshot { id: RequestId(id) },
         })
     }
 }
@@ -451,7 +495,10 @@ impl RpcResponse {
     /// The id of the request this answers.
     pub fn id(&self) -> RequestId {
         match self {
-            Self::Headers { id, .. } | Self::Body { id, .. } | Self::Error { id, .. } => *id,
+            Self::Headers { id, .. }
+            | Self::Body { id, .. }
+            | Self::Snapshot { id, .. }
+            | Self::Error { id, .. } => *id,
         }
     }
 
@@ -469,6 +516,13 @@ impl RpcResponse {
             Self::Body { id, body } => {
                 1 + varint_len(id.0) + varint_len(body.len() as u64) + body.len()
             }
+            Self::Snapshot { id, header, body } => {
+                1 + varint_len(id.0)
+                    + varint_len(header.len() as u64)
+                    + header.len()
+                    + varint_len(body.len() as u64)
+                    + body.len()
+            }
             Self::Error { id, .. } => 1 + varint_len(id.0) + 1,
         }
     }
@@ -478,7 +532,7 @@ impl RpcResponse {
     /// # Errors
     /// [`RpcEncodeError::Oversize`] when it carries more than [`MAX_HEADERS_PER_RESPONSE`]
     /// headers, a header longer than [`MAX_HEADER_BYTES`], or a body longer than
-    /// [`MAX_BODY_BYTES`]: receivers would reject it.
+    /// [`MAX_BODY_BYTES`]: receivers would reject it. The same limits hold for a snapshot.
     pub fn encode(&self) -> Result<Vec<u8>, RpcEncodeError> {
         let mut out = Vec::with_capacity(self.encoded_len());
         match self {
@@ -507,6 +561,20 @@ impl RpcResponse {
                     return Err(oversize_enc("body", body.len(), MAX_BODY_BYTES));
                 }
                 let wire = WireResponse::Body { id: id.0, body };
+                out = postcard::to_extend(&wire, out).unwrap_or_default();
+            }
+            Self::Snapshot { id, header, body } => {
+                if header.len() > MAX_HEADER_BYTES {
+                    return Err(oversize_enc("header", header.len(), MAX_HEADER_BYTES));
+                }
+                if body.len() > MAX_BODY_BYTES {
+                    return Err(oversize_enc("body", body.len(), MAX_BODY_BYTES));
+                }
+                let wire = WireResponse::Snapshot {
+                    id: id.0,
+                    header,
+                    body,
+                };
                 out = postcard::to_extend(&wire, out).unwrap_or_default();
             }
             Self::Error { id, code } => {
@@ -571,6 +639,19 @@ impl RpcResponse {
                     body: body.to_vec(),
                 }
             }
+            WireResponse::Snapshot { id, header, body } => {
+                if header.len() > MAX_HEADER_BYTES {
+                    return Err(oversize_dec("header", header.len(), MAX_HEADER_BYTES));
+                }
+                if body.len() > MAX_BODY_BYTES {
+                    return Err(oversize_dec("body", body.len(), MAX_BODY_BYTES));
+                }
+                Self::Snapshot {
+                    id: RequestId(id),
+                    header: header.to_vec(),
+                    body: body.to_vec(),
+                }
+            }
             WireResponse::Error { id, code } => Self::Error {
                 id: RequestId(id),
                 code: match code {
@@ -621,6 +702,19 @@ mod tests {
         let len = request.encode().map(|b| b.len()).unwrap_or(usize::MAX);
         assert_eq!(len, request.encoded_len());
         assert!(len <= MAX_REQUEST_BYTES, "{len}");
+    }
+
+    #[test]
+    fn largest_snapshot_response_fits_the_limit() {
+        let response = RpcResponse::Snapshot {
+            id: RequestId(u64::MAX),
+            header: vec![0xff; MAX_HEADER_BYTES],
+            body: vec![0xff; MAX_BODY_BYTES],
+        };
+        let len = response.encode().map(|b| b.len()).unwrap_or(usize::MAX);
+        assert_eq!(len, response.encoded_len());
+        assert!(len <= MAX_SNAPSHOT_RESPONSE_BYTES, "{len}");
+        assert!(RpcResponse::decode(&[0; 8], MAX_SNAPSHOT_RESPONSE_BYTES).is_err());
     }
 
     #[test]

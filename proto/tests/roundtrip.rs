@@ -131,6 +131,20 @@ proptest! {
     }
 
     #[test]
+    fn snapshots_and_packets_never_verify_as_each_other((spec, body) in spec_and_body(), embedding in embedding(), round: u64, key_n in 1u8..255) {
+        let fields = HeaderFields { round, unix_ms: 0, samples: 0, loss: 0.0, embedding };
+        let snapshot = seal_snapshot(&key(key_n), &spec, fields.clone(), &body).unwrap();
+        let decoded = OutcomePacket::decode_snapshot(&snapshot.header_bytes, &snapshot.body_bytes, &spec).unwrap();
+        prop_assert_eq!(&decoded.body, &body);
+        prop_assert_eq!(decoded.header.header().round, round);
+        prop_assert_eq!(decode_header(&snapshot.header_bytes), Err(DecodeError::BadSignature));
+        let packet = seal(&key(key_n), &spec, fields, &body).unwrap();
+        prop_assert_eq!(decode_snapshot_header(&packet.header_bytes), Err(DecodeError::BadSignature));
+        // Same fields, different domains: different bytes, different ids.
+        prop_assert_ne!(packet.id(), snapshot.id());
+    }
+
+    #[test]
     fn header_decode_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..600)) {
         let _ = decode_header(&bytes);
     }

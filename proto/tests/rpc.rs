@@ -27,6 +27,7 @@ fn arb_request() -> impl Strategy<Value = RpcRequest> {
             id: RequestId(id),
             packet: PacketId(p)
         }),
+        any::<u64>().prop_map(|id| RpcRequest::GetSnapshot { id: RequestId(id) }),
     ]
 }
 
@@ -46,6 +47,16 @@ fn arb_response() -> impl Strategy<Value = RpcResponse> {
                 body,
             }
         }),
+        (
+            any::<u64>(),
+            prop::collection::vec(any::<u8>(), 0..300),
+            prop::collection::vec(any::<u8>(), 0..2000)
+        )
+            .prop_map(|(id, header, body)| RpcResponse::Snapshot {
+                id: RequestId(id),
+                header,
+                body,
+            }),
         (any::<u64>(), prop::bool::ANY).prop_map(|(id, nf)| RpcResponse::Error {
             id: RequestId(id),
             code: if nf {
@@ -173,17 +184,50 @@ fn key_list_limits() {
 #[test]
 fn unknown_tags_are_malformed() {
     assert!(matches!(
-        RpcRequest::decode(&[4, 0]),
+        RpcRequest::decode(&[5, 0]),
         Err(RpcDecodeError::Malformed { .. })
     ));
     assert!(matches!(
-        RpcResponse::decode(&[3, 0], MAX_RESPONSE_BYTES),
+        RpcResponse::decode(&[4, 0], MAX_RESPONSE_BYTES),
         Err(RpcDecodeError::Malformed { .. })
     ));
     // Error response with an unknown code.
     assert!(matches!(
         RpcResponse::decode(&[2, 0, 9], MAX_RESPONSE_BYTES),
         Err(RpcDecodeError::Malformed { .. })
+    ));
+}
+
+#[test]
+fn snapshot_limits() {
+    // A snapshot header over the header limit: rejected before it is copied.
+    let mut bytes = vec![3u8, 5];
+    varint((MAX_HEADER_BYTES + 1) as u64, &mut bytes);
+    bytes.resize(bytes.len() + MAX_HEADER_BYTES + 1, 0);
+    bytes.push(0);
+    assert!(matches!(
+        RpcResponse::decode(&bytes, MAX_RESPONSE_BYTES),
+        Err(RpcDecodeError::Oversize { what: "header", .. })
+    ));
+    // A claimed body longer than the bytes present is truncated, not allocated.
+    let mut bytes = vec![3u8, 5, 1, 0];
+    varint(MAX_BODY_BYTES as u64, &mut bytes);
+    assert_eq!(
+        RpcResponse::decode(&bytes, MAX_RESPONSE_BYTES),
+        Err(RpcDecodeError::Truncated)
+    );
+    // A snapshot answer is larger than a body request allows once its body is the largest.
+    let request = RpcRequest::GetSnapshot { id: RequestId(2) };
+    assert_eq!(request.response_limit(), MAX_SNAPSHOT_RESPONSE_BYTES);
+    assert_eq!(request.kind().label(), "snapshot");
+    let too_big = RpcResponse::Snapshot {
+        id: RequestId(2),
+        header: vec![0; 10],
+        body: vec![0; MAX_BODY_BYTES + 1],
+    };
+    assert!(matches!(
+        too_big.encode(),
+        Err(RpcEncodeError::Oversize { what: "body", .. })
     ));
 }
 

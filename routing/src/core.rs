@@ -3,7 +3,8 @@
 //!
 //! [`RoutingCore`] is driven in the quinn-proto style, *handle_\* in, poll_\* out*:
 //!
-//! 1. Commands ([`RoutingCore::announce`], [`RoutingCore::start_lookup`]) and network inputs
+//! 1. Commands ([`RoutingCore::announce`], [`RoutingCore::start_lookup`],
+//!    [`RoutingCore::fetch_snapshot`]) and network inputs
 //!    (`handle_providers`, `handle_key_lookup_done`, `handle_provide_result`,
 //!    `handle_response`, `handle_request`, `handle_inbound_failure`) update the state.
 //! 2. After each call, drain [`RoutingCore::poll_output`] until it returns `None` and carry out
@@ -28,6 +29,7 @@ use crate::lookup::{Lookup, LookupId, Partners};
 use crate::metrics::RoutingMetrics;
 use crate::replay::ReplayGuard;
 use crate::scoring::{PeerScores, Severity};
+use crate::snapshot::{SnapshotError, SnapshotFetch, SnapshotFetchId};
 
 /// Identifies one announcement (one packet's keys being published).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -92,7 +94,7 @@ pub enum RequestFailure {
 }
 
 impl RequestFailure {
-    fn label(&self) -> &'static str {
+    pub(crate) fn label(&self) -> &'static str {
         match self {
             Self::Timeout => "timeout",
             Self::ConnectionClosed => "connection_closed",
@@ -183,6 +185,13 @@ pub enum Output {
         lookup: LookupId,
         /// The ranked candidates and fetched packets.
         partners: Box<Partners>,
+    },
+    /// A snapshot fetch ([`RoutingCore::fetch_snapshot`]) finished.
+    SnapshotFetched {
+        /// Which.
+        fetch: SnapshotFetchId,
+        /// The verified snapshot, or why there is none.
+        result: Result<Box<kindred_proto::OutcomePacket>, SnapshotError>,
     },
 }
 
@@ -282,6 +291,7 @@ pub struct RoutingCore {
     pub(crate) announces: HashMap<AnnounceId, AnnounceState>,
     pub(crate) lookups: HashMap<LookupId, Lookup>,
     pub(crate) pending: HashMap<RequestId, Pending>,
+    pub(crate) snapshot_fetches: HashMap<RequestId, SnapshotFetch>,
     pub(crate) outputs: VecDeque<Output>,
     pub(crate) metrics: RoutingMetrics,
     next_id: u64,
@@ -304,6 +314,7 @@ impl RoutingCore {
             announces: HashMap::new(),
             lookups: HashMap::new(),
             pending: HashMap::new(),
+            snapshot_fetches: HashMap::new(),
             outputs: VecDeque::new(),
             metrics: RoutingMetrics::default(),
             next_id: 0,

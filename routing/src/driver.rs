@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures::StreamExt;
+use kindred_proto::OutcomePacket;
 use kindred_proto::rpc::RequestId;
 use libp2p::core::Endpoint;
 use libp2p::kad::store::RecordStore;
@@ -29,6 +30,7 @@ use crate::core::{AnnounceError, AnnounceId, AnnounceReport, Output, RequestFail
 use crate::handle::{BootstrapError, Command, DialError, NodeInfo, ReplayMark, RoutingEvent};
 use crate::keys::SemanticKey;
 use crate::lookup::{LookupError, LookupId, Partners};
+use crate::snapshot::{SnapshotError, SnapshotFetchId};
 use crate::store::PacketStore;
 use crate::transport::wire_bytes;
 
@@ -56,6 +58,8 @@ pub(crate) struct Driver {
     requests: HashMap<OutboundRequestId, RequestId>,
     announce_replies: HashMap<AnnounceId, oneshot::Sender<Result<AnnounceReport, AnnounceError>>>,
     lookup_replies: HashMap<LookupId, oneshot::Sender<Result<Partners, LookupError>>>,
+    snapshot_replies:
+        HashMap<SnapshotFetchId, oneshot::Sender<Result<OutcomePacket, SnapshotError>>>,
     dials: HashMap<ConnectionId, oneshot::Sender<Result<PeerId, DialError>>>,
     bootstraps: HashMap<QueryId, oneshot::Sender<Result<(), BootstrapError>>>,
     addr_book: AddrBook,
@@ -86,6 +90,7 @@ impl Driver {
             requests: HashMap::new(),
             announce_replies: HashMap::new(),
             lookup_replies: HashMap::new(),
+            snapshot_replies: HashMap::new(),
             dials: HashMap::new(),
             bootstraps: HashMap::new(),
             addr_book: AddrBook::new(ADDR_BOOK_PEERS),
@@ -178,6 +183,15 @@ impl Driver {
                     let _ = reply.send(Err(e));
                 }
             },
+            Command::FetchSnapshot {
+                peer,
+                spec,
+                oldest_round,
+                reply,
+            } => {
+                let fetch = self.core.fetch_snapshot(peer, spec, oldest_round, now);
+                self.snapshot_replies.insert(fetch, reply);
+            }
             Command::Metrics { reply } => {
                 let mut metrics = self.core.metrics().clone();
                 (metrics.wire_bytes_in, metrics.wire_bytes_out) = wire_bytes(&self.wire);
@@ -365,6 +379,11 @@ impl Driver {
                     }
                     if let Some(reply) = self.lookup_replies.remove(&lookup) {
                         let _ = reply.send(Ok(*partners));
+                    }
+                }
+                Output::SnapshotFetched { fetch, result } => {
+                    if let Some(reply) = self.snapshot_replies.remove(&fetch) {
+                        let _ = reply.send(result.map(|s| *s));
                     }
                 }
             }

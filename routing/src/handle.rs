@@ -30,7 +30,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kindred_proto::{ModelId, PacketId, VerifiedHeader};
+use kindred_proto::{ModelId, ModelSpec, OutcomePacket, PacketId, VerifiedHeader};
 use libp2p::identity::Keypair;
 use libp2p::metrics::Registry;
 use libp2p::swarm::Config as SwarmConfig;
@@ -43,6 +43,7 @@ use crate::core::{AnnounceError, AnnounceReport, RoutingCore};
 use crate::driver::Driver;
 use crate::lookup::{LookupError, PartnerQuery, Partners};
 use crate::metrics::RoutingMetrics;
+use crate::snapshot::SnapshotError;
 use crate::store::PacketStore;
 use crate::transport::{TransportError, build_transport, count_bytes};
 
@@ -181,6 +182,12 @@ pub(crate) enum Command {
         query: Box<PartnerQuery>,
         reply: oneshot::Sender<Result<Partners, LookupError>>,
     },
+    FetchSnapshot {
+        peer: PeerId,
+        spec: Arc<ModelSpec>,
+        oldest_round: u64,
+        reply: oneshot::Sender<Result<OutcomePacket, SnapshotError>>,
+    },
     Metrics {
         reply: oneshot::Sender<RoutingMetrics>,
     },
@@ -283,6 +290,29 @@ impl RoutingHandle {
         })
         .await
         .unwrap_or(Err(LookupError::Stopped))
+    }
+
+    /// Fetch `peer`'s model snapshot (its cumulative update, sealed with
+    /// [`kindred_proto::seal_snapshot`]), verified against `spec`: signed by `peer`, of this
+    /// model, from round `oldest_round` or later.
+    ///
+    /// # Errors
+    /// [`SnapshotError`]: the peer has none, refused, sent an invalid or stale one (an invalid
+    /// one also costs the peer score), the request failed, or the driver stopped.
+    pub async fn fetch_snapshot(
+        &self,
+        peer: PeerId,
+        spec: Arc<ModelSpec>,
+        oldest_round: u64,
+    ) -> Result<OutcomePacket, SnapshotError> {
+        self.ask(|reply| Command::FetchSnapshot {
+            peer,
+            spec,
+            oldest_round,
+            reply,
+        })
+        .await
+        .unwrap_or(Err(SnapshotError::Stopped))
     }
 
     /// A snapshot of the counters.

@@ -16,19 +16,21 @@
 //!   types, shared with the simulator.
 //! - [`RoutingCore`] ([`core`], [`lookup`], `serve`): the sans-IO state machine: announcing,
 //!   round lookups, verification, replay filtering ([`replay`]), peer scoring and bans
-//!   ([`scoring`]), the local index ([`index`]) and counters ([`metrics`]). Takes `now` and
-//!   inputs, returns [`Output`]s.
+//!   ([`scoring`]), the local index ([`index`]), model snapshot fetches ([`snapshot`]) and
+//!   counters ([`metrics`]). Takes `now` and inputs, returns [`Output`]s.
 //! - The libp2p layer: [`behaviour`] (kad + identify + ping + request-response + limits + ban
 //!   list), [`codec`] (framing with size limits), [`transport`] (TCP/memory, pnet, Noise, yamux).
 //! - The tokio driver: [`spawn`] returns a [`RoutingHandle`] (async `announce`,
-//!   `find_partners`, `dial`, `bootstrap`, `metrics`) and a bounded [`RoutingEvent`] stream.
+//!   `find_partners`, `fetch_snapshot`, `dial`, `bootstrap`, `metrics`) and a bounded [`RoutingEvent`] stream.
 //!   Requests are served from the node's storage through [`store::PacketStore`].
 //!
 //! # Driving it from a node
 //! Per round: seal the packet, put it in the store, `announce(header)`, then
 //! `find_partners(PartnerQuery::new(header, margins, spec))`. The result holds ranked verified
 //! candidate headers and the verified bodies of the top `m` above the cosine gate, ready for
-//! synthesis. Persist [`RoutingHandle::replay_marks`] (and restore them with
+//! synthesis. Every few rounds, [`RoutingHandle::fetch_snapshot`] fetches one partner's verified
+//! model snapshot (served from [`store::PacketStore::snapshot`]). Persist
+//! [`RoutingHandle::replay_marks`] (and restore them with
 //! [`RoutingHandle::restore_replay_marks`]) if replay protection must survive restarts.
 #![deny(clippy::indexing_slicing)]
 
@@ -47,6 +49,7 @@ pub mod metrics;
 pub mod replay;
 pub mod scoring;
 mod serve;
+pub mod snapshot;
 pub mod store;
 pub mod transport;
 
@@ -64,4 +67,5 @@ pub use lookup::{
     Candidate, FetchedPacket, LookupError, LookupId, LookupStats, PartnerQuery, Partners,
 };
 pub use metrics::RoutingMetrics;
+pub use snapshot::{SnapshotError, SnapshotFetchId};
 pub use store::{MemoryStore, PacketStore};

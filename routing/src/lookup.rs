@@ -497,6 +497,13 @@ impl RoutingCore {
         result: Result<RpcResponse, RequestFailure>,
         now: Instant,
     ) {
+        if let Some(fetch) = self.snapshot_fetches.remove(&id) {
+            if fetch.peer != peer {
+                tracing::error!(%peer, expected = %fetch.peer, "response from an unexpected peer");
+                return;
+            }
+            return self.on_snapshot_response(peer, id, fetch, result, now);
+        }
         let Some(pending) = self.pending.remove(&id) else {
             return;
         };
@@ -561,7 +568,7 @@ impl RoutingCore {
             }
             RpcResponse::Headers { headers, .. } => headers,
             RpcResponse::Error { .. } => return,
-            RpcResponse::Body { .. } => {
+            RpcResponse::Body { .. } | RpcResponse::Snapshot { .. } => {
                 return self.reject(&peer, "unexpected_response", Some(Severity::Major), now);
             }
         };
@@ -694,7 +701,7 @@ impl RoutingCore {
                 self.metrics.request_failed(RpcKind::Body, "not_found");
                 return;
             }
-            RpcResponse::Headers { .. } => {
+            RpcResponse::Headers { .. } | RpcResponse::Snapshot { .. } => {
                 return self.reject(&peer, "unexpected_response", Some(Severity::Major), now);
             }
         };
@@ -923,7 +930,7 @@ impl RoutingCore {
 }
 
 /// How much a header that fails to decode says about the peer that served it.
-fn decode_severity(e: &DecodeError) -> Severity {
+pub(crate) fn decode_severity(e: &DecodeError) -> Severity {
     match e {
         // A newer peer may speak a version this node does not.
         DecodeError::UnknownVersion { .. } => Severity::Minor,

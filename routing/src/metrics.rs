@@ -30,7 +30,7 @@ impl Traffic {
     }
 }
 
-/// Traffic of one exchange kind (`headers` or `body`).
+/// Traffic of one exchange kind (`headers`, `body` or `snapshot`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct KindTraffic {
     /// Requests this node sent.
@@ -65,6 +65,8 @@ pub struct RoutingMetrics {
     pub headers: KindTraffic,
     /// `GetBody` / `Body` traffic.
     pub body: KindTraffic,
+    /// `GetSnapshot` / `Snapshot` traffic.
+    pub snapshot: KindTraffic,
     /// Traffic per peer (bounded, see [`MAX_PEERS_TRACKED`]).
     pub peers: HashMap<PeerId, PeerTraffic>,
     /// Traffic of peers past the per-peer bound.
@@ -109,6 +111,7 @@ impl RoutingMetrics {
         match kind {
             RpcKind::Headers => &mut self.headers,
             RpcKind::Body => &mut self.body,
+            RpcKind::Snapshot => &mut self.snapshot,
         }
     }
 

@@ -6,7 +6,8 @@
 //! - `GetHeaders` by id returns stored headers by id;
 //! - `GetHeaders` for the latest returns the node's newest own packet's header (to peers that
 //!   follow it between discovery rounds);
-//! - a body goes out only as the answer to a `GetBody` naming its id: nothing is ever pushed.
+//! - a body goes out only as the answer to a `GetBody` naming its id: nothing is ever pushed;
+//! - `GetSnapshot` returns the node's newest model snapshot, if the store holds one.
 //!
 //! Banned peers get [`RpcErrorCode::Refused`]; every request and response is counted per kind
 //! and per peer.
@@ -36,6 +37,10 @@ impl RoutingCore {
         self.metrics
             .request_received(&peer, kind, request.encoded_len());
         let id = request.id();
+        let not_found = RpcResponse::Error {
+            id,
+            code: RpcErrorCode::NotFound,
+        };
         let response = if self.scores.is_banned(&peer, now) {
             RpcResponse::Error {
                 id,
@@ -68,19 +73,27 @@ impl RoutingCore {
                         .collect();
                     RpcResponse::Headers { id, headers }
                 }
+                // Never send what the peer's decoder would refuse: an oversize store entry is
+                // logged and answered as missing.
                 RpcRequest::GetBody { packet, .. } => match store.body(packet) {
                     Some(body) if body.len() <= MAX_BODY_BYTES => RpcResponse::Body { id, body },
                     Some(_) => {
                         tracing::warn!(%peer, %packet, "stored body is over the wire limit");
-                        RpcResponse::Error {
-                            id,
-                            code: RpcErrorCode::NotFound,
-                        }
+                        not_found
                     }
-                    None => RpcResponse::Error {
-                        id,
-                        code: RpcErrorCode::NotFound,
-                    },
+                    None => not_found,
+                },
+                RpcRequest::GetSnapshot { .. } => match store.snapshot() {
+                    Some((header, body))
+                        if header.len() <= MAX_HEADER_BYTES && body.len() <= MAX_BODY_BYTES =>
+                    {
+                        RpcResponse::Snapshot { id, header, body }
+                    }
+                    Some(_) => {
+                        tracing::warn!(%peer, "model snapshot is over the wire limit");
+                        not_found
+                    }
+                    None => not_found,
                 },
             }
         };

@@ -1,6 +1,6 @@
 //! Where served packets come from: the node's packet store, behind a small trait.
 //!
-//! Routing serves `GetHeaders` and `GetBody` requests but does not own storage: the node keeps
+//! Routing serves `GetHeaders`, `GetBody` and `GetSnapshot` requests but does not own storage: the node keeps
 //! packets in sled and content-addressed files. [`PacketStore`] is the narrow read-only view the
 //! driver needs; [`MemoryStore`] is an in-memory implementation for tests, benchmarks and
 //! embedders without persistence.
@@ -23,6 +23,11 @@ pub trait PacketStore: Send + Sync + 'static {
     fn header(&self, id: &PacketId) -> Option<Vec<u8>>;
     /// The encoded body of packet `id`.
     fn body(&self, id: &PacketId) -> Option<Vec<u8>>;
+    /// The node's newest model snapshot, sealed with [`kindred_proto::seal_snapshot`]: encoded
+    /// header and body. `None` (the default) when the node serves none.
+    fn snapshot(&self) -> Option<(Vec<u8>, Vec<u8>)> {
+        None
+    }
 }
 
 /// A [`PacketStore`] in memory.
@@ -39,6 +44,7 @@ pub trait PacketStore: Send + Sync + 'static {
 #[derive(Debug, Default)]
 pub struct MemoryStore {
     packets: RwLock<HashMap<PacketId, StoredPacket>>,
+    snapshot: RwLock<Option<StoredPacket>>,
 }
 
 /// Encoded header and body.
@@ -61,6 +67,15 @@ impl MemoryStore {
             .write()
             .unwrap_or_else(PoisonError::into_inner)
             .insert(id, (header, body));
+    }
+
+    /// Serve `snapshot` as the node's model snapshot from now on.
+    pub fn set_snapshot(&self, snapshot: &SealedPacket) {
+        *self
+            .snapshot
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) =
+            Some((snapshot.header_bytes.clone(), snapshot.body_bytes.clone()));
     }
 
     /// Drop a packet.
@@ -100,5 +115,12 @@ impl PacketStore for MemoryStore {
             .unwrap_or_else(PoisonError::into_inner)
             .get(id)
             .map(|(_, b)| b.clone())
+    }
+
+    fn snapshot(&self) -> Option<(Vec<u8>, Vec<u8>)> {
+        self.snapshot
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 }

@@ -449,10 +449,12 @@ fn replays_and_mismatched_headers_are_dropped() {
                     id: *id,
                     headers: headers.clone(),
                 }),
-                RpcRequest::GetBody { id, .. } => Ok(RpcResponse::Error {
-                    id: *id,
-                    code: RpcErrorCode::NotFound,
-                }),
+                RpcRequest::GetBody { id, .. } | RpcRequest::GetSnapshot { id } => {
+                    Ok(RpcResponse::Error {
+                        id: *id,
+                        code: RpcErrorCode::NotFound,
+                    })
+                }
             },
         )
         .0

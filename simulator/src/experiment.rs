@@ -443,7 +443,7 @@ mod tests {
         assert!(s.row("kindred").unwrap().consensus.mean.is_finite());
         // Model snapshots are counted in the bytes of the row that fetches them.
         let bytes = |n: &str| s.row(n).unwrap().bytes.mean;
-        assert!(bytes("kindred+snapshots") > bytes("kindred"));
+        assert!(bytes("kindred") > bytes("kindred-no-snapshots"));
         let p = r.poisoning.unwrap();
         assert_eq!(p.robust_loss.len(), 2);
         assert!(p.hostile_nodes.iter().all(|&h| h > 0));

@@ -1,5 +1,6 @@
 //! 8 real node processes on loopback in 2 label-permutation clusters: every node's merge partners
-//! come from its own cluster, and merging beats training alone.
+//! come from its own cluster, nodes pull toward their partners' model snapshots, and merging beats
+//! training alone.
 #![allow(clippy::unwrap_used, clippy::print_stdout)]
 
 use kindred_node::demo::{self, DemoOptions};
@@ -19,24 +20,39 @@ fn eight_nodes_two_clusters_merge_within_their_cluster_and_beat_local_training()
         seed: 11,
         steps: 50,
         discovery_every: 10,
+        snapshot_every: 2,
         dir: Some(dir.path().to_path_buf()),
         binary: kindred_bin(),
     })
     .unwrap();
     demo::print(&report, true);
     assert_eq!(report.rounds, 20, "every node completed its rounds");
+    // Snapshot rounds are the odd ones; a node pulls in those it merged someone. A fetch may
+    // miss its deadline on a loaded machine, but most must land.
+    assert!(
+        report.snapshot_rounds >= 8 * 5,
+        "{}",
+        report.snapshot_rounds
+    );
+    assert!(
+        report.snapshot_pulls * 10 >= report.snapshot_rounds * 8,
+        "pulled in {} of {} snapshot rounds",
+        report.snapshot_pulls,
+        report.snapshot_rounds
+    );
     // All traffic (Kademlia, identify, ping) is more than the packet RPCs alone.
     assert!(report.wire_bytes_per_node_round > report.bytes_per_node_round);
     for n in &report.per_node {
         println!(
-            "node {} cluster {}: Kindred {:.4} local {:.4} ({:+.2} points), {} partners, purity {:.2}",
+            "node {} cluster {}: Kindred {:.4} local {:.4} ({:+.2} points), {} partners, purity {:.2}, {} pulls",
             n.peer,
             n.cluster,
             n.acc_kindred,
             n.acc_local,
             100.0 * (n.acc_kindred - n.acc_local),
             n.partners,
-            n.purity
+            n.purity,
+            n.pulls
         );
     }
     for n in &report.per_node {

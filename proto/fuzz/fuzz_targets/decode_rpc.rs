@@ -1,12 +1,12 @@
 //! Arbitrary bytes into the RPC decoders: they must return, never panic, never allocate past the
 //! limits (run with `-rss_limit_mb`/`-malloc_limit_mb`), and whatever they accept must survive
-//! re-encoding unchanged. The first byte picks the response limit (headers- or body-sized), as a
-//! requester does from the request it sent.
+//! re-encoding unchanged. The first byte picks the response limit (headers-, body- or
+//! snapshot-sized), as a requester does from the request it sent.
 #![no_main]
 
 use kindred_proto::rpc::{
     MAX_BODY_RESPONSE_BYTES, MAX_HEADERS_RESPONSE_BYTES, MAX_QUERY_ITEMS, MAX_REQUEST_BYTES,
-    RpcRequest, RpcResponse,
+    MAX_SNAPSHOT_RESPONSE_BYTES, RpcRequest, RpcResponse,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -25,10 +25,10 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(again.len(), request.encoded_len());
         assert_eq!(RpcRequest::decode(&again).ok(), Some(request));
     }
-    let limit = if selector & 1 == 0 {
-        MAX_HEADERS_RESPONSE_BYTES
-    } else {
-        MAX_BODY_RESPONSE_BYTES
+    let limit = match selector % 3 {
+        0 => MAX_HEADERS_RESPONSE_BYTES,
+        1 => MAX_BODY_RESPONSE_BYTES,
+        _ => MAX_SNAPSHOT_RESPONSE_BYTES,
     };
     if let Ok(response) = RpcResponse::decode(bytes, limit) {
         assert!(bytes.len() <= limit);

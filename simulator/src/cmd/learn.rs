@@ -42,7 +42,7 @@ pub(crate) struct LearnArgs {
     pub(crate) clusters: usize,
     /// Policies to compare: kindred, gossip, allreduce, local, oracle, or a row of
     /// `kindred-sim experiment` (topk8+allreduce, sign+allreduce, selective+allreduce,
-    /// selective+gossip4, kindred+snapshots).
+    /// selective+gossip4, kindred-no-snapshots).
     #[arg(
         long,
         value_delimiter = ',',
@@ -80,11 +80,11 @@ pub(crate) struct LearnArgs {
     /// Share of hostile nodes (scaled ×10, sign-flipped, or noise of the same norm, in turn).
     #[arg(long, default_value_t = 0.0)]
     pub(crate) hostile: f64,
-    /// `kindred+snapshots` (a simulator prototype) fetches one merged partner's model every
-    /// this many rounds and moves part of the way toward it (default 2).
+    /// Kindred fetches one merged partner's model snapshot every this many rounds and moves part
+    /// of the way toward it (default 2, as the node; 0: never).
     #[arg(long)]
     pub(crate) snapshot_every: Option<u64>,
-    /// Share of the way `kindred+snapshots` moves toward the partner's model (default 0.5).
+    /// Share of the way Kindred moves toward the partner's model (default 0.5, as the node).
     #[arg(long)]
     pub(crate) snapshot_share: Option<f32>,
 }
@@ -135,6 +135,13 @@ impl LearnArgs {
                 "allreduce" => Ok(PolicySpec::allreduce()),
                 "local" => Ok(PolicySpec::local()),
                 "oracle" => Ok(PolicySpec::oracle()),
+                "kindred+snapshots" => {
+                    // The name of the simulator prototype before the node pulled snapshots.
+                    tracing::warn!(
+                        "kindred pulls model snapshots now: kindred+snapshots is kindred"
+                    );
+                    Ok(PolicySpec::kindred())
+                }
                 other => PolicySpec::evaluation_table()
                     .into_iter()
                     .find(|row| row.name == other)
@@ -142,7 +149,7 @@ impl LearnArgs {
                         anyhow::anyhow!(
                             "unknown policy {other:?} (kindred, gossip, allreduce, local, oracle, \
                              topk8+allreduce, sign+allreduce, selective+allreduce, \
-                             selective+gossip4, kindred+snapshots)"
+                             selective+gossip4, kindred-no-snapshots)"
                         )
                     }),
             })
@@ -157,31 +164,33 @@ impl LearnArgs {
         Ok(c)
     }
 
-    /// Apply `--snapshot-every` / `--snapshot-share` to the policies that average models.
+    /// Apply `--snapshot-every` / `--snapshot-share` to the policies that pull snapshots
+    /// (`--snapshot-every 0` turns them off).
     fn snapshots(&self, policies: &mut [PolicySpec]) -> anyhow::Result<()> {
         if self.snapshot_every.is_none() && self.snapshot_share.is_none() {
             return Ok(());
         }
         anyhow::ensure!(
             policies.iter().any(|p| p.consensus.is_some()),
-            "--snapshot-every and --snapshot-share apply to kindred+snapshots: add it to --policies"
+            "--snapshot-every and --snapshot-share apply to kindred: add it to --policies"
         );
-        if let Some(every) = self.snapshot_every {
-            anyhow::ensure!(every >= 1, "--snapshot-every must be at least 1");
-        }
         if let Some(share) = self.snapshot_share {
             anyhow::ensure!(
                 share > 0.0 && share <= 1.0,
                 "--snapshot-share must be in (0, 1]"
             );
         }
-        for c in policies.iter_mut().filter_map(|p| p.consensus.as_mut()) {
-            *c = Consensus {
-                every: self.snapshot_every.unwrap_or(c.every),
-                pull: kindred_distill::PullConfig {
-                    share: self.snapshot_share.unwrap_or(c.pull.share),
-                    ..c.pull
-                },
+        for p in policies.iter_mut() {
+            p.consensus = match p.consensus {
+                Some(_) if self.snapshot_every == Some(0) => None,
+                Some(c) => Some(Consensus {
+                    every: self.snapshot_every.unwrap_or(c.every),
+                    pull: kindred_distill::PullConfig {
+                        share: self.snapshot_share.unwrap_or(c.pull.share),
+                        ..c.pull
+                    },
+                }),
+                None => None,
             };
         }
         Ok(())

@@ -102,14 +102,25 @@ pub struct PolicySpec {
 }
 
 impl PolicySpec {
-    /// Kindred: distilled packets, semantic partners, robust merge.
+    /// Kindred as the node runs it by default: distilled packets, semantic partners, robust
+    /// merge, and a pull toward one merged partner's model snapshot every other round.
     pub fn kindred() -> Self {
         Self {
             name: "kindred".into(),
             partners: Partners::Semantic,
             compression: Compression::Distill(Policy::default()),
             merge: Merge::Robust(SynthConfig::default()),
+            consensus: Some(Consensus::default()),
+        }
+    }
+
+    /// Kindred without model snapshots (the node's `snapshot_every = 0`): merging updates only,
+    /// what the snapshots are measured against.
+    pub fn kindred_no_snapshots() -> Self {
+        Self {
+            name: "kindred-no-snapshots".into(),
             consensus: None,
+            ..Self::kindred()
         }
     }
 
@@ -205,9 +216,9 @@ impl PolicySpec {
         }
     }
 
-    /// The rows of the selective-compression evaluation table plus Kindred, the snapshot
-    /// prototype and the oracle, the baseline (`allreduce`) first: what `kindred-sim experiment`
-    /// compares.
+    /// The rows of the selective-compression evaluation table plus Kindred, Kindred without
+    /// model snapshots and the oracle, the baseline (`allreduce`) first: what
+    /// `kindred-sim experiment` compares.
     pub fn evaluation_table() -> Vec<Self> {
         vec![
             Self::allreduce(),
@@ -219,22 +230,9 @@ impl PolicySpec {
                 ..Self::gossip(4)
             },
             Self::kindred(),
-            Self::kindred_snapshots(),
+            Self::kindred_no_snapshots(),
             Self::oracle(),
         ]
-    }
-
-    /// Kindred plus model gossip averaging every other round ([`Consensus`]): a simulator
-    /// prototype, the node does not do it yet.
-    pub fn kindred_snapshots() -> Self {
-        Self {
-            name: "kindred+snapshots".into(),
-            consensus: Some(Consensus {
-                every: 2,
-                pull: PullConfig::default(),
-            }),
-            ..Self::kindred()
-        }
     }
 
     /// Kindred without the robust merge (a plain sample-weighted mean of the partners it found):
@@ -282,17 +280,26 @@ pub struct Hostile {
 /// Gossip averaging of models on top of merging updates: every `every` rounds each semantic node
 /// fetches one of the partners it merged that round, at random, as a model snapshot
 /// (`kindred_distill::snapshot`, dense f16) and moves part of the way toward it
-/// (`kindred_distill::pull`).
+/// (`kindred_distill::pull`), as the node does (`snapshot_every`, `snapshot_share`).
 ///
-/// A simulator prototype: the node does not do it yet. It is what the consensus figure
-/// ([`crate::learn::PolicyReport::consensus_accuracy`]) says is missing: merging updates lets
-/// nodes' models drift apart.
+/// Merging updates alone lets nodes' models drift apart; the consensus figure
+/// ([`crate::learn::PolicyReport::consensus_accuracy`]) measures how far.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Consensus {
-    /// Rounds between pulls (1: every round).
+    /// Rounds between pulls (1: every round); rounds `every − 1`, `2·every − 1`, ... pull.
     pub every: u64,
     /// The step toward the partner.
     pub pull: PullConfig,
+}
+
+impl Default for Consensus {
+    /// The node's defaults: every other round, half way.
+    fn default() -> Self {
+        Self {
+            every: 2,
+            pull: PullConfig::default(),
+        }
+    }
 }
 
 /// Everything a learning run depends on.

@@ -21,7 +21,7 @@
 //! 4. **Merge**: a plain mean, or `kindred_distill::synthesize` of the node's own (dense) update
 //!    with its partners' decoded updates; the node adds the result to its parameters, and folds
 //!    accepted peer updates into its embedding's running mean.
-//! 5. **Consensus** (a policy with [`crate::learn::Consensus`], `kindred+snapshots`): every few
+//! 5. **Consensus** (a policy with [`crate::learn::Consensus`], `kindred`): every few
 //!    rounds each node fetches one partner it merged as a model snapshot
 //!    (`kindred_distill::snapshot`) and moves part of the way toward it
 //!    (`kindred_distill::pull`).
@@ -1211,7 +1211,7 @@ mod tests {
         let mut cfg = small();
         cfg.rounds = 4;
         cfg.train.steps = 12;
-        cfg.policies = vec![PolicySpec::kindred(), PolicySpec::kindred_snapshots()];
+        cfg.policies = vec![PolicySpec::kindred_no_snapshots(), PolicySpec::kindred()];
         let r = run(&cfg, &quiet).unwrap();
         let (plain, snap) = (&r.policies[0], &r.policies[1]);
         assert!(
