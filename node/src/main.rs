@@ -318,8 +318,16 @@ fn status(args: StatusArgs) -> anyhow::Result<()> {
     }
     let s: kindred_node::api::Status = serde_json::from_str(&body)?;
     let last = s.history.last();
+    let snapshot = s
+        .history
+        .iter()
+        .rev()
+        .find_map(|r| Some((r.round, r.snapshot.as_ref()?)))
+        .map_or("-".into(), |(round, p)| {
+            format!("{} (round {round}, from {})", p.outcome, p.from)
+        });
     let text = format!(
-        "peer      {}\nround     {}\nconnected {}\nbanned    {}\naccuracy  {}\npartners  {}\nrejects   {:?}\n",
+        "peer      {}\nround     {}\nconnected {}\nbanned    {}\naccuracy  {}\npartners  {}\nsnapshot  {}\nrejects   {:?}\n",
         s.peer_id,
         s.round.map_or("-".into(), |r| r.to_string()),
         s.connected,
@@ -327,6 +335,7 @@ fn status(args: StatusArgs) -> anyhow::Result<()> {
         last.and_then(|r| r.accuracy)
             .map_or("-".into(), |a| format!("{:.2}%", a * 100.0)),
         last.map_or(0, |r| r.partners.len()),
+        snapshot,
         s.rejects,
     );
     write_stdout(&text)
