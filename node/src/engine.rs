@@ -470,7 +470,7 @@ impl Engine {
     ///
     /// # Errors
     /// [`EngineError::Snapshot`] when a parameter is not finite or does not fit f16 (the model
-    /// has diverged), [`EngineError::Seal`] on an encoding failure.
+    /// has diverged), [`EngineError::Seal`] when the snapshot is over the wire's body limit.
     pub fn seal_snapshot(&self, round: u64, unix_ms: u64) -> Result<SealedPacket, EngineError> {
         let body = snapshot(&self.base, &self.origin, &self.spec)?;
         let fields = HeaderFields {
@@ -500,8 +500,8 @@ impl Engine {
     /// to which the step is added (an external trainer applies it with the merge).
     ///
     /// # Errors
-    /// [`EngineError::Snapshot`] when the snapshot does not fit the model or is not finite;
-    /// nothing changes then.
+    /// [`EngineError::Distill`] when the snapshot's layers do not fit the model,
+    /// [`EngineError::Snapshot`] when a value is not finite; nothing changes then.
     pub fn pull_toward(
         &mut self,
         partner: &OutcomePacket,

@@ -48,7 +48,7 @@ pub const SNAPSHOT_DEADLINE: f64 = 0.97;
 pub const SUMMARY_FILE: &str = "summary.json";
 
 /// The node's newest sealed model snapshot (header and body bytes), shared with the routing task
-/// that serves it. Kept in memory only: after a restart the first completed round seals a new one.
+/// that serves it. Kept in memory only: a restarted node seals its restored model at start-up.
 type SnapshotSlot = Arc<RwLock<Option<(Vec<u8>, Vec<u8>)>>>;
 
 /// Serve a node's packets to peers from its store, and its model snapshot from memory.
@@ -99,7 +99,7 @@ pub fn read_swarm_key(path: &Path) -> anyhow::Result<PreSharedKey> {
 /// # Errors
 /// When the store, the data, the routing task or the API cannot start.
 pub async fn run(
-    config: NodeConfig,
+    mut config: NodeConfig,
     data_dir: PathBuf,
     mut shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<Status> {
@@ -107,6 +107,10 @@ pub async fn run(
     let store = Store::open(&data_dir.join("store"))?;
     let mut engine = tokio::task::block_in_place(|| Engine::open(store.clone(), &config))?;
     let peer_id = engine.peer_id();
+    let snapshots = SnapshotSlot::default();
+    if config.snapshot_every > 0 {
+        first_snapshot(&engine, &mut config, &snapshots);
+    }
 
     let mut routing_config = RoutingConfig::new(NetworkId::from_name(&config.network));
     routing_config.transport.listen = config
@@ -130,7 +134,6 @@ pub async fn run(
         routing_config.core.lookup.gate,
     );
     let keypair = libp2p::identity::Keypair::from(engine.keypair().clone());
-    let snapshots = SnapshotSlot::default();
     let (routing, mut events) = spawn_routing(
         keypair,
         routing_config,
@@ -475,6 +478,29 @@ async fn run_round(
         }
     });
     Ok(())
+}
+
+/// At start-up: check that the model fits a snapshot (turning snapshots off with one warning if
+/// it does not), and after a restart serve the restored model until the first round completes.
+fn first_snapshot(engine: &Engine, config: &mut NodeConfig, slot: &SnapshotSlot) {
+    let round = engine.last_round();
+    match tokio::task::block_in_place(|| engine.seal_snapshot(round.unwrap_or(0), now_ms())) {
+        Ok(sealed) if round.is_some() => {
+            *slot.write().unwrap_or_else(PoisonError::into_inner) =
+                Some((sealed.header_bytes, sealed.body_bytes));
+        }
+        Ok(_) => {}
+        Err(EngineError::Seal(e)) => {
+            tracing::warn!(
+                error = %e,
+                params = engine.spec().numel(),
+                "model snapshots are off: the model does not fit one snapshot response"
+            );
+            config.snapshot_every = 0;
+        }
+        // A value out of f16's range now may fit after the next merge: keep trying each round.
+        Err(e) => tracing::warn!(error = %e, "cannot seal a model snapshot"),
+    }
 }
 
 /// After the merge: seal the model snapshot peers fetch this round, and in a snapshot round

@@ -499,7 +499,12 @@ impl RoutingCore {
     ) {
         if let Some(fetch) = self.snapshot_fetches.remove(&id) {
             if fetch.peer != peer {
+                // A driver bug, as below; the fetch still ends, so its caller is not left waiting.
                 tracing::error!(%peer, expected = %fetch.peer, "response from an unexpected peer");
+                self.outputs.push_back(Output::SnapshotFetched {
+                    fetch: fetch.fetch,
+                    result: Err(crate::SnapshotError::Failed("unexpected_peer")),
+                });
                 return;
             }
             return self.on_snapshot_response(peer, id, fetch, result, now);
