@@ -23,12 +23,15 @@ use cpu_time::ThreadTime;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use kindred_distill::{Distiller, EmbeddingConfig, Policy};
+use kindred_distill::{Distiller, EmbeddingConfig, Policy, PullConfig, decode, pull, snapshot};
 use kindred_kernels::rng::SplitMix64;
 use kindred_kernels::{
     Backend, CountSketch, Kernels, Rounding, SelectMethod, SimHasher, SketchInto,
 };
-use kindred_proto::{DType, LayerSpec, ModelSpec};
+use kindred_proto::{
+    DType, Embedding, HeaderFields, LayerSpec, ModelSpec, OutcomePacket, seal_snapshot,
+};
+use libp2p_identity::ed25519;
 use serde_json::json;
 
 #[derive(Parser)]
@@ -306,6 +309,57 @@ fn bench_size(args: &Args, n: usize, backend: &Backend, threads: usize) -> Resul
             runs,
             None,
         );
+    }
+
+    // Model snapshots, what a node does each round (seal after the merge) and in snapshot rounds
+    // (decode a partner's, pull toward it). Single-threaded plain loops: no backend.
+    if want("snapshot") || want("pull") {
+        let spec = ModelSpec::new(vec![LayerSpec::new("w", [u32::try_from(n)?], DType::F32)])?;
+        let origin = gradient_like(n, args.seed + 2);
+        let params: Vec<f32> = origin.iter().zip(&update).map(|(o, u)| o + u).collect();
+        let key = ed25519::Keypair::from(ed25519::SecretKey::try_from_bytes([7; 32])?);
+        let fields = || HeaderFields {
+            round: 1,
+            unix_ms: 0,
+            samples: 0,
+            loss: 0.0,
+            embedding: Embedding::default(),
+        };
+        // Reads params and origin (8 bytes), writes f16 (2).
+        let t = time(
+            runs,
+            &mut (),
+            |_| {},
+            |_| snapshot(&params, &origin, &spec).unwrap(),
+        );
+        emit(&line("snapshot_f16", 10.0, t), memcpy_gb_s, runs, None);
+        // The node's whole per-round step: the body, its encoding, blake3, the signature and the
+        // receivers' own checks that `seal_snapshot` runs.
+        let t = time(
+            runs,
+            &mut (),
+            |_| {},
+            |_| {
+                let body = snapshot(&params, &origin, &spec).unwrap();
+                seal_snapshot(&key, &spec, fields(), &body).unwrap()
+            },
+        );
+        emit(&line("snapshot_seal", 10.0, t), memcpy_gb_s, runs, None);
+        let sealed = seal_snapshot(&key, &spec, fields(), &snapshot(&params, &origin, &spec)?)?;
+        let partner = decode(
+            &OutcomePacket::decode_snapshot(&sealed.header_bytes, &sealed.body_bytes, &spec)?.body,
+            &spec,
+        )?;
+        // Two passes over params, origin and the partner (the step's norm, then the step).
+        let mut mine = params.clone();
+        let start: Vec<f32> = update.iter().map(|u| u * 0.5).collect();
+        let t = time(
+            runs,
+            &mut mine,
+            |m| m.copy_from_slice(&start),
+            |m| pull(m, &origin, &partner, f64::MAX, &PullConfig::default()).unwrap(),
+        );
+        emit(&line("snapshot_pull", 28.0, t), memcpy_gb_s, runs, None);
     }
 
     // The whole pipeline: one 16M-parameter layer, default policy past warm-up (1% top-k +
