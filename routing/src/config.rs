@@ -163,6 +163,11 @@ pub struct CoreConfig {
     pub index_capacity: usize,
     /// Most hot bands remembered. Default 4,096.
     pub hot_band_capacity: usize,
+    /// Who may fetch this node's model snapshot: a peer earns one fetch each time this node
+    /// serves it a packet body (a partner merging its update), valid for this long. A snapshot
+    /// is up to 64 MiB against a 9-byte request, so serving anyone who asks would make every
+    /// node a traffic amplifier. Default 2 min; `None` serves anyone (tests, trusted swarms).
+    pub snapshot_grant: Option<Duration>,
 }
 
 impl CoreConfig {
@@ -179,6 +184,7 @@ impl CoreConfig {
             replay_capacity: 65_536,
             index_capacity: 16_384,
             hot_band_capacity: 4096,
+            snapshot_grant: Some(Duration::from_secs(120)),
         }
     }
 }

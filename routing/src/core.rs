@@ -29,7 +29,7 @@ use crate::lookup::{Lookup, LookupId, Partners};
 use crate::metrics::RoutingMetrics;
 use crate::replay::ReplayGuard;
 use crate::scoring::{PeerScores, Severity};
-use crate::snapshot::{SnapshotError, SnapshotFetch, SnapshotFetchId};
+use crate::snapshot::{SnapshotError, SnapshotFetch, SnapshotFetchId, SnapshotGrants};
 
 /// Identifies one announcement (one packet's keys being published).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -292,6 +292,7 @@ pub struct RoutingCore {
     pub(crate) lookups: HashMap<LookupId, Lookup>,
     pub(crate) pending: HashMap<RequestId, Pending>,
     pub(crate) snapshot_fetches: HashMap<RequestId, SnapshotFetch>,
+    pub(crate) snapshot_grants: SnapshotGrants,
     pub(crate) outputs: VecDeque<Output>,
     pub(crate) metrics: RoutingMetrics,
     next_id: u64,
@@ -315,6 +316,7 @@ impl RoutingCore {
             lookups: HashMap::new(),
             pending: HashMap::new(),
             snapshot_fetches: HashMap::new(),
+            snapshot_grants: SnapshotGrants::default(),
             outputs: VecDeque::new(),
             metrics: RoutingMetrics::default(),
             next_id: 0,

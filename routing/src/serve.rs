@@ -7,7 +7,9 @@
 //! - `GetHeaders` for the latest returns the node's newest own packet's header (to peers that
 //!   follow it between discovery rounds);
 //! - a body goes out only as the answer to a `GetBody` naming its id: nothing is ever pushed;
-//! - `GetSnapshot` returns the node's newest model snapshot, if the store holds one.
+//! - `GetSnapshot` returns the node's newest model snapshot, if the store holds one, and only
+//!   to a peer that was served one of this node's bodies lately (one snapshot per body: see
+//!   [`crate::snapshot`]); anyone else is refused.
 //!
 //! Banned peers get [`RpcErrorCode::Refused`]; every request and response is counted per kind
 //! and per peer.
@@ -76,13 +78,22 @@ impl RoutingCore {
                 // Never send what the peer's decoder would refuse: an oversize store entry is
                 // logged and answered as missing.
                 RpcRequest::GetBody { packet, .. } => match store.body(packet) {
-                    Some(body) if body.len() <= MAX_BODY_BYTES => RpcResponse::Body { id, body },
+                    Some(body) if body.len() <= MAX_BODY_BYTES => {
+                        self.grant_snapshot(peer, now);
+                        RpcResponse::Body { id, body }
+                    }
                     Some(_) => {
                         tracing::warn!(%peer, %packet, "stored body is over the wire limit");
                         not_found
                     }
                     None => not_found,
                 },
+                RpcRequest::GetSnapshot { .. } if !self.may_fetch_snapshot(&peer, now) => {
+                    RpcResponse::Error {
+                        id,
+                        code: RpcErrorCode::Refused,
+                    }
+                }
                 RpcRequest::GetSnapshot { .. } => match store.snapshot() {
                     Some((header, body))
                         if header.len() <= MAX_HEADER_BYTES && body.len() <= MAX_BODY_BYTES =>

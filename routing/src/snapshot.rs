@@ -8,12 +8,19 @@
 //! must be a snapshot signed by the peer asked, of the local model, from a recent round, or the
 //! fetch fails (and a peer that sent invalid bytes is penalised like one that sent a bad packet).
 //!
+//! Serving is narrow too. A snapshot answer is the whole model (up to 64 MiB) for a 9-byte
+//! request, so a node serves it only to a peer it just served a packet body to: each body served
+//! grants that peer one snapshot fetch, for [`crate::CoreConfig::snapshot_grant`]. That is
+//! exactly the honest flow (a node fetches the snapshot of a partner whose update it merged),
+//! and it bounds what a peer can pull out of a node to one snapshot per body it fetched.
+//!
 //! Sans-IO like the rest of the core: [`RoutingCore::fetch_snapshot`] emits an
 //! [`Output::SendRequest`], and the response reported through
 //! [`RoutingCore::handle_response`] ends in one [`Output::SnapshotFetched`].
 
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use kindred_proto::rpc::{RequestId, RpcErrorCode, RpcKind, RpcRequest, RpcResponse};
 use kindred_proto::{ModelSpec, OutcomePacket};
@@ -68,7 +75,58 @@ pub(crate) struct SnapshotFetch {
     pub(crate) oldest_round: u64,
 }
 
+/// Peers allowed one snapshot fetch each, since when: granted by serving them a body.
+#[derive(Debug, Default)]
+pub(crate) struct SnapshotGrants {
+    granted: HashMap<PeerId, Instant>,
+}
+
+impl SnapshotGrants {
+    /// Most peers holding a grant at once; past it, expired grants are dropped, then the oldest.
+    const CAPACITY: usize = 4096;
+
+    /// `peer` was served a body at `now`: it may fetch the snapshot once.
+    pub(crate) fn grant(&mut self, peer: PeerId, now: Instant, ttl: Duration) {
+        if self.granted.len() >= Self::CAPACITY && !self.granted.contains_key(&peer) {
+            self.granted
+                .retain(|_, at| now.saturating_duration_since(*at) < ttl);
+            if self.granted.len() >= Self::CAPACITY
+                && let Some(oldest) = self
+                    .granted
+                    .iter()
+                    .min_by_key(|(_, at)| **at)
+                    .map(|(p, _)| *p)
+            {
+                self.granted.remove(&oldest);
+            }
+        }
+        self.granted.insert(peer, now);
+    }
+
+    /// Use `peer`'s grant, if it holds an unexpired one.
+    pub(crate) fn take(&mut self, peer: &PeerId, now: Instant, ttl: Duration) -> bool {
+        self.granted
+            .remove(peer)
+            .is_some_and(|at| now.saturating_duration_since(at) < ttl)
+    }
+}
+
 impl RoutingCore {
+    /// Whether `peer` may fetch this node's snapshot now (using up its grant if so).
+    pub(crate) fn may_fetch_snapshot(&mut self, peer: &PeerId, now: Instant) -> bool {
+        match self.config.snapshot_grant {
+            None => true,
+            Some(ttl) => self.snapshot_grants.take(peer, now, ttl),
+        }
+    }
+
+    /// `peer` was just served a body: it may fetch the snapshot once.
+    pub(crate) fn grant_snapshot(&mut self, peer: PeerId, now: Instant) {
+        if let Some(ttl) = self.config.snapshot_grant {
+            self.snapshot_grants.grant(peer, now, ttl);
+        }
+    }
+
     /// Ask `peer` for its model snapshot, to be decoded against `spec` and accepted only from
     /// round `oldest_round` on.
     ///
@@ -361,6 +419,66 @@ mod tests {
             core.poll_output(),
             Some(Output::SnapshotFetched { fetch: f, result: Err(SnapshotError::Refused) }) if f == fetch
         ));
+    }
+
+    #[test]
+    fn a_snapshot_is_served_once_per_body_served_within_the_grant() {
+        use crate::store::MemoryStore;
+        let (me, a) = (peer(1), peer(2));
+        let cfg = CoreConfig::new(NetworkId::from_name("t"));
+        let ttl = cfg.snapshot_grant.unwrap_or_default();
+        let mut core = RoutingCore::new(me.id, cfg);
+        let store = MemoryStore::default();
+        let packet = seal(&me.key, &spec(), fields(4), &body()).unwrap_or_else(|e| panic!("{e}"));
+        store.insert(&packet);
+        store.set_snapshot(
+            &seal_snapshot(&me.key, &spec(), fields(4), &body()).unwrap_or_else(|e| panic!("{e}")),
+        );
+        let t0 = Instant::now();
+        let ask = |core: &mut RoutingCore, at: Instant| {
+            core.handle_request(
+                a.id,
+                &RpcRequest::GetSnapshot { id: RequestId(1) },
+                &store,
+                at,
+            )
+        };
+        let get_body = |core: &mut RoutingCore, at: Instant| {
+            let r = core.handle_request(
+                a.id,
+                &RpcRequest::GetBody {
+                    id: RequestId(2),
+                    packet: packet.id(),
+                },
+                &store,
+                at,
+            );
+            assert!(matches!(r, RpcResponse::Body { .. }));
+        };
+        let refused = |r: RpcResponse| {
+            matches!(
+                r,
+                RpcResponse::Error {
+                    code: RpcErrorCode::Refused,
+                    ..
+                }
+            )
+        };
+        // Nobody asks for a snapshot unprompted.
+        assert!(refused(ask(&mut core, t0)));
+        // One body served, one snapshot; the second is refused.
+        get_body(&mut core, t0);
+        assert!(matches!(ask(&mut core, t0), RpcResponse::Snapshot { .. }));
+        assert!(refused(ask(&mut core, t0)));
+        // A grant expires.
+        get_body(&mut core, t0);
+        assert!(refused(ask(&mut core, t0 + ttl)));
+        // Without the policy, anyone may ask.
+        let mut open = CoreConfig::new(NetworkId::from_name("t"));
+        open.snapshot_grant = None;
+        let mut core = RoutingCore::new(me.id, open);
+        assert!(matches!(ask(&mut core, t0), RpcResponse::Snapshot { .. }));
+        assert!(matches!(ask(&mut core, t0), RpcResponse::Snapshot { .. }));
     }
 
     #[test]
