@@ -42,8 +42,9 @@ pub struct NodeMetrics {
     pub accuracy: Gauge<f64, AtomicU64>,
     /// Merge verdicts on fetched peer updates, by outcome.
     pub merge_verdicts: Family<Labels, Counter>,
-    /// Partner lookups by mode: `search` (the DHT, in discovery rounds) or `follow` (the
-    /// partners found before, asked directly).
+    /// Partner lookups by mode: `search` (the DHT, in warm-up and when following nobody),
+    /// `refresh` (the DHT on a few shards of each hot band, in later discovery rounds) or
+    /// `follow` (the partners found before, asked directly).
     pub lookups: Family<Labels, Counter>,
     /// Model snapshot pulls by outcome (`pulled`, `clipped`, or why none: `not_found`,
     /// `deadline`...).
@@ -104,7 +105,7 @@ impl NodeMetrics {
         );
         registry.register(
             "partner_lookups",
-            "Partner lookups by mode (search the DHT, or follow known partners)",
+            "Partner lookups by mode (search or refresh: the DHT; follow: known partners)",
             lookups.clone(),
         );
         let snapshot_pulls = Family::<Labels, Counter>::default();

@@ -330,13 +330,18 @@ async fn run_round(
         out.margins.clone(),
         engine.spec().clone(),
     );
-    let searched = match following.start_round(round) {
-        RoundPlan::Search => true,
+    let mode = match following.start_round(round) {
+        RoundPlan::Search => "search",
+        RoundPlan::Refresh => {
+            query = query.refreshing();
+            "refresh"
+        }
         RoundPlan::Follow(peers) => {
             query = query.following(peers.to_vec());
-            false
+            "follow"
         }
     };
+    let searched = mode != "follow";
     let budget = Duration::from_millis((t_ms as f64 * LOOKUP_BUDGET) as u64 + 200);
     let mut candidates = Vec::new();
     let found = match tokio::time::timeout(budget, routing.find_partners(query)).await {
@@ -388,7 +393,6 @@ async fn run_round(
     m.round_seconds.observe(began.elapsed().as_secs_f64());
     m.lookup_seconds.observe(lookup_ms as f64 / 1000.0);
     m.partners.observe(report.partners.len() as f64);
-    let mode = if searched { "search" } else { "follow" };
     m.lookups
         .get_or_create(&vec![("mode", mode.to_string())])
         .inc();

@@ -13,6 +13,13 @@
 //! DHT traffic at all. A followed peer the cosine gate no longer admits is dropped until the
 //! next discovery round.
 //!
+//! A discovery round after a node's warm-up, while it follows peers, is a **refresh**
+//! ([`RoundPlan::Refresh`]): the node searches to meet new peers, not to find its nearest ones
+//! from nothing, so each hot band is looked up on [`crate::LookupConfig::refresh_shards`] of its
+//! shards instead of all of them. A hot band's shards together list every peer announcing under
+//! it, so asking all of them costs traffic in proportion to the size of the node's task; a few
+//! keep a refresh near the cost of a warm-up search.
+//!
 //! Key windows follow the same schedule ([`Discovery::window`]): a window opens at each discovery
 //! round, so the keys announced then stay valid — and findable by a node that joins mid-window —
 //! until the next one. A node announces once per window; later packets of the same window are
@@ -128,6 +135,10 @@ impl Discovery {
 pub enum RoundPlan<'a, P> {
     /// Search the DHT: announce-window keys, providers, their headers.
     Search,
+    /// Search the DHT to meet new peers while following some: a discovery round after the
+    /// node's warm-up. Hot bands are looked up on a few of their shards
+    /// ([`crate::PartnerQuery::refresh`]).
+    Refresh,
     /// Ask these followed peers for their newest headers; no DHT traffic.
     Follow(&'a [P]),
 }
@@ -153,6 +164,11 @@ pub enum RoundPlan<'a, P> {
 /// // A followed peer that fell behind is dropped.
 /// f.lookup_done([("a", 0.9), ("c", 0.2)]);
 /// assert_eq!(f.start_round(4), RoundPlan::Follow(&["a"][..]));
+/// for round in 5..10 {
+///     f.start_round(round);
+/// }
+/// // Round 10 searches again, to meet new peers.
+/// assert_eq!(f.start_round(10), RoundPlan::Refresh);
 /// ```
 #[derive(Debug, Clone)]
 pub struct Follower<P> {
@@ -176,16 +192,20 @@ impl<P: PartialEq + Clone> Follower<P> {
         }
     }
 
-    /// Start `round`: whether to search the DHT or whom to follow ([`Discovery::searches`]).
+    /// Start `round`: whether to search the DHT or whom to follow ([`Discovery::searches`]). A
+    /// search by a node past its warm-up that follows peers is a [`RoundPlan::Refresh`].
     pub fn start_round(&mut self, round: u64) -> RoundPlan<'_, P> {
         let search = self
             .discovery
             .searches(round, self.rounds_run, self.peers.len());
+        let warmed_up = self.rounds_run >= self.discovery.warmup_rounds;
         self.rounds_run += 1;
-        if search {
-            RoundPlan::Search
-        } else {
+        if !search {
             RoundPlan::Follow(&self.peers)
+        } else if warmed_up && !self.peers.is_empty() {
+            RoundPlan::Refresh
+        } else {
+            RoundPlan::Search
         }
     }
 
@@ -280,16 +300,19 @@ mod tests {
     #[test]
     fn a_follower_searches_in_warm_up_and_discovery_rounds_and_when_alone() {
         let mut f = Follower::new(Discovery::default(), CosineGate::default());
-        let mut searched = Vec::new();
+        let (mut searched, mut refreshed) = (Vec::new(), Vec::new());
         for round in 0..25u64 {
-            if f.start_round(round) == RoundPlan::Search {
-                searched.push(round);
+            match f.start_round(round) {
+                RoundPlan::Search => searched.push(round),
+                RoundPlan::Refresh => refreshed.push(round),
+                RoundPlan::Follow(_) => {}
             }
-            // Nobody qualifies in round 12: the node searches in round 13 too.
+            // Nobody qualifies in round 12: the node searches in round 13 too, in full.
             let c = if round == 12 { 0.1 } else { 0.8 };
             f.lookup_done([(1u32, c), (2, c)]);
         }
-        assert_eq!(searched, vec![0, 1, 2, 10, 13, 20]);
+        assert_eq!(searched, vec![0, 1, 2, 13]);
+        assert_eq!(refreshed, vec![10, 20]);
         assert_eq!(f.rounds_run(), 25);
         assert_eq!(f.peers(), &[1, 2]);
         // A node that joins late warms up for its own first rounds.

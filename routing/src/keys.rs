@@ -52,6 +52,7 @@ pub type SemanticKey = [u8; 32];
 const BAND_DOMAIN: &[u8] = b"kindred/lsh-band-key/v1\0";
 const SHARD_DOMAIN: &[u8] = b"kindred/lsh-shard/v1\0";
 const ANNOUNCE_SHARD_DOMAIN: &[u8] = b"kindred/announce-shard/v1\0";
+const LOOKUP_SHARD_DOMAIN: &[u8] = b"kindred/lookup-shard/v1\0";
 
 /// Identifies one Kindred network (deployment); keys of different networks never collide.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -238,8 +239,13 @@ pub fn announce_shard(salt: &[u8], key: &SemanticKey, shards: u32) -> u32 {
     if shards <= 1 {
         return 0;
     }
+    salted_shard(ANNOUNCE_SHARD_DOMAIN, salt, key, shards)
+}
+
+/// A uniform, deterministic shard in `0..shards` (`shards` ≥ 1) for `salt` and `key`.
+fn salted_shard(domain: &[u8], salt: &[u8], key: &SemanticKey, shards: u32) -> u32 {
     let mut h = blake3::Hasher::new();
-    h.update(ANNOUNCE_SHARD_DOMAIN);
+    h.update(domain);
     h.update(salt);
     h.update(key);
     let hash = h.finalize();
@@ -248,7 +254,39 @@ pub fn announce_shard(salt: &[u8], key: &SemanticKey, shards: u32) -> u32 {
         .first_chunk::<8>()
         .copied()
         .unwrap_or_default();
-    (u64::from_le_bytes(word) % u64::from(shards)) as u32
+    (u64::from_le_bytes(word) % u64::from(shards.max(1))) as u32
+}
+
+/// The shards of a key split `shards` ways that a looker with identity bytes `salt` asks when it
+/// asks at most `limit` of them: all of them when `limit` covers them, otherwise `limit` (at
+/// least one) consecutive shards (wrapping) from a start drawn from `salt` and the key. Keys
+/// change every window, so the same looker reads different shards in different windows, and
+/// different lookers spread over every shard.
+///
+/// ```
+/// use kindred_routing::keys::lookup_shards;
+/// let k = [5u8; 32];
+/// assert_eq!(lookup_shards(b"peer", &k, 4, 16).collect::<Vec<_>>(), vec![0, 1, 2, 3]);
+/// let two: Vec<u32> = lookup_shards(b"peer", &k, 16, 2).collect();
+/// assert_eq!(two.len(), 2);
+/// assert_eq!(two[1], (two[0] + 1) % 16);
+/// ```
+pub fn lookup_shards(
+    salt: &[u8],
+    key: &SemanticKey,
+    shards: u32,
+    limit: u32,
+) -> impl Iterator<Item = u32> + use<> {
+    let shards = shards.max(1);
+    let (start, count) = if limit >= shards {
+        (0, shards)
+    } else {
+        (
+            salted_shard(LOOKUP_SHARD_DOMAIN, salt, key, shards),
+            limit.max(1),
+        )
+    };
+    (0..count).map(move |k| (start + k) % shards)
 }
 
 /// When to split or merge a key's shards.
@@ -708,6 +746,26 @@ mod tests {
             counts.iter().all(|&c| (800..1200).contains(&c)),
             "{counts:?}"
         );
+    }
+
+    #[test]
+    fn lookup_shards_cover_all_or_a_spread_run() {
+        let key = [9u8; 32];
+        assert_eq!(lookup_shards(b"p", &key, 0, 2).collect::<Vec<_>>(), vec![0]);
+        assert_eq!(lookup_shards(b"p", &key, 1, 0).collect::<Vec<_>>(), vec![0]);
+        assert_eq!(lookup_shards(b"p", &key, 8, 8).count(), 8);
+        let mut starts = std::collections::HashSet::new();
+        for i in 0u32..200 {
+            let salt = i.to_le_bytes();
+            let run: Vec<u32> = lookup_shards(&salt, &key, 16, 2).collect();
+            assert_eq!(run.len(), 2);
+            assert!(run.iter().all(|&s| s < 16));
+            assert_eq!(run, lookup_shards(&salt, &key, 16, 2).collect::<Vec<_>>());
+            assert_ne!(run[0], run[1]);
+            starts.insert(run[0]);
+        }
+        // Lookers spread over every shard.
+        assert_eq!(starts.len(), 16);
     }
 
     #[test]

@@ -1,10 +1,10 @@
 //! Round lookups: from a node's own header to ranked, verified partners and their bodies.
 //!
 //! One lookup runs three phases, all inside [`RoutingCore`]:
-//! 1. **Discover**: look up providers of the `L` band keys (every shard of a hot band) plus the
-//!    first `P` multi-probe keys, all in parallel. Each new provider is asked once, with at most
-//!    [`crate::LookupConfig::header_concurrency`] requests in flight, for the headers it announced
-//!    under the keys it was found under.
+//! 1. **Discover**: look up providers of the `L` band keys (every shard of a hot band, or a few in
+//!    a refresh) plus the first `P` multi-probe keys, all in parallel. Each new provider is asked
+//!    once, with at most [`crate::LookupConfig::header_concurrency`] requests in flight, for the
+//!    headers it announced under the keys it was found under.
 //! 2. **Verify and index**: every header is decoded and its signature checked
 //!    ([`kindred_proto::decode_header`]), then checked against the request: signed by the peer
 //!    that served it, same model, same round window, and actually carrying the band the key
@@ -33,7 +33,9 @@ use libp2p::PeerId;
 use crate::config::CosineGate;
 use crate::core::{Output, Pending, RequestFailure, RoutingCore, Want};
 use crate::index::IndexedHeader;
-use crate::keys::{KeyContext, ProbeError, ProbeSequence, RoundWindow, SemanticKey, shard_key};
+use crate::keys::{
+    KeyContext, ProbeError, ProbeSequence, RoundWindow, SemanticKey, lookup_shards, shard_key,
+};
 use crate::replay::Admission;
 use crate::scoring::Severity;
 
@@ -61,6 +63,10 @@ pub struct PartnerQuery {
     /// a full lookup. Otherwise no key is looked up: each of these peers is asked for its newest
     /// header, and only they are ranked and fetched from.
     pub follow: Vec<PeerId>,
+    /// A refresh: the node already follows peers and searches the DHT only to meet new ones
+    /// (a periodic discovery round, [`crate::RoundPlan::Refresh`]). Each hot band and probe is
+    /// looked up on [`crate::LookupConfig::refresh_shards`] of its shards rather than all.
+    pub refresh: bool,
 }
 
 impl PartnerQuery {
@@ -74,12 +80,19 @@ impl PartnerQuery {
             top_m: None,
             gate: None,
             follow: Vec::new(),
+            refresh: false,
         }
     }
 
     /// Follow `peers` instead of searching the DHT (see [`PartnerQuery::follow`]).
     pub fn following(mut self, peers: Vec<PeerId>) -> Self {
         self.follow = peers;
+        self
+    }
+
+    /// Search as a refresh (see [`PartnerQuery::refresh`]).
+    pub fn refreshing(mut self) -> Self {
+        self.refresh = true;
         self
     }
 }
@@ -208,8 +221,8 @@ pub(crate) struct Lookup {
     spec: Option<Arc<ModelSpec>>,
     top_m: usize,
     gate: CosineGate,
-    /// `(band, value)` → shards looked up.
-    shards_used: HashMap<(u16, u64), u32>,
+    /// `(band, value)` → (shards the band is split into, shards looked up).
+    shards_used: HashMap<(u16, u64), (u32, u32)>,
     keys: HashMap<SemanticKey, KeyState>,
     keys_pending: usize,
     providers: HashMap<PeerId, ProviderState>,
@@ -303,13 +316,18 @@ impl RoutingCore {
             let seq = ProbeSequence::new(&h.embedding.simhash, &query.margins, ctx.config())?;
             origins.extend(seq.take(probes).map(|p| (p.band, p.value)));
         }
+        let limit = if query.refresh && cfg.refresh_shards > 0 {
+            cfg.refresh_shards
+        } else {
+            u32::MAX
+        };
         let mut keys = HashMap::new();
         let mut shards_used = HashMap::new();
         for &(band, value) in &origins {
             let shards = self.hot.shards(band, value);
-            shards_used.insert((band, value), shards);
+            shards_used.insert((band, value), (shards, shards.min(limit)));
             let base = ctx.band_key(usize::from(band), value);
-            for s in 0..shards {
+            for s in lookup_shards(&self.local_bytes, &base, shards, limit) {
                 keys.entry(shard_key(&base, s)).or_insert(KeyState {
                     band,
                     value,
@@ -888,9 +906,11 @@ impl RoutingCore {
         let window = l.window;
         let used = l.shards_used.clone();
         for ((band, value), providers) in per_origin {
-            let shards = used.get(&(band, value)).copied().unwrap_or(1);
+            let (shards, asked) = used.get(&(band, value)).copied().unwrap_or((1, 1));
+            // The shards asked stand for all of them (announcers spread evenly).
+            let estimate = providers.saturating_mul(shards as usize) / asked.max(1) as usize;
             self.hot
-                .observe(band, value, shards, providers, window, &self.config);
+                .observe(band, value, shards, estimate, window, &self.config);
         }
     }
 

@@ -73,6 +73,17 @@ fn drain(core: &mut RoutingCore) -> Vec<Output> {
     std::iter::from_fn(|| core.poll_output()).collect()
 }
 
+/// The keys of the provider lookups `core` has started (draining its outputs).
+fn provider_lookups(core: &mut RoutingCore) -> Vec<[u8; 32]> {
+    drain(core)
+        .into_iter()
+        .filter_map(|o| match o {
+            Output::GetProviders { key, .. } => Some(key),
+            _ => None,
+        })
+        .collect()
+}
+
 /// Announce `node`'s packet, report every key published; returns the keys.
 fn announce(node: &mut Node, now: Instant) -> Vec<[u8; 32]> {
     let id = node.core.announce(&node.packet.header, now).unwrap();
@@ -641,13 +652,7 @@ fn each_new_provider_is_reported_once_before_its_header_request() {
     let own = a.peer();
     let query = PartnerQuery::new(a.packet.header.clone(), a.margins.clone(), Arc::new(spec()));
     let id = a.core.start_lookup(query, now).unwrap();
-    let keys: Vec<_> = drain(&mut a.core)
-        .into_iter()
-        .filter_map(|o| match o {
-            Output::GetProviders { key, .. } => Some(key),
-            _ => None,
-        })
-        .collect();
+    let keys = provider_lookups(&mut a.core);
     assert!(keys.len() >= 2);
     a.core.handle_providers(id, keys[0], [own, b, b, c, d], now);
     a.core.handle_providers(id, keys[1], [c, b], now);
@@ -675,15 +680,21 @@ fn each_new_provider_is_reported_once_before_its_header_request() {
     }
 }
 
-#[test]
-fn hot_bands_are_sharded_in_the_next_window() {
-    let now = Instant::now();
+/// Bands with 3 providers are hot (up to 4 shards); no multi-probe keys.
+fn sharding_config() -> CoreConfig {
     let mut cfg = config();
     cfg.shards = ShardPolicy {
         threshold: 3,
         max_shards: 4,
     };
     cfg.lookup.probes = 0;
+    cfg
+}
+
+#[test]
+fn hot_bands_are_sharded_in_the_next_window() {
+    let now = Instant::now();
+    let cfg = sharding_config();
     let mut nodes = cluster(1, 1, &cfg, 9);
     let crowd: Vec<PeerId> = (0..3).map(|i| peer_of(&identity(7000 + i))).collect();
     let a = &mut nodes[0];
@@ -710,19 +721,59 @@ fn hot_bands_are_sharded_in_the_next_window() {
     let base = ctx2.band_key(0, cfg.keys.band_value(&h.embedding.simhash, 0));
     let query = PartnerQuery::new(next.header.clone(), a.margins.clone(), Arc::new(spec()));
     a.core.start_lookup(query, now).unwrap();
-    let keys: Vec<[u8; 32]> = drain(&mut a.core)
-        .into_iter()
-        .filter_map(|o| match o {
-            Output::GetProviders { key, .. } => Some(key),
-            _ => None,
-        })
-        .collect();
+    let keys = provider_lookups(&mut a.core);
     assert_eq!(keys.len(), 17);
     assert!(keys.contains(&base) && keys.contains(&shard_key(&base, 1)));
     // And the node announces band 0 under one of them.
     a.packet = next;
     let announced = announce(a, now);
     assert!(announced.contains(&base) || announced.contains(&shard_key(&base, 1)));
+}
+
+#[test]
+fn a_refresh_lookup_asks_a_few_shards_of_a_hot_band_and_keeps_its_count() {
+    let now = Instant::now();
+    let mut cfg = sharding_config();
+    cfg.lookup.refresh_shards = 1;
+    let mut nodes = cluster(1, 1, &cfg, 11);
+    let crowd: Vec<PeerId> = (0..3).map(|i| peer_of(&identity(7100 + i))).collect();
+    let a = &mut nodes[0];
+    let h = a.packet.header.header().clone();
+    let band_key = |window: u64| {
+        KeyContext::new(cfg.network, h.model, RoundWindow(window), cfg.keys)
+            .band_key(0, cfg.keys.band_value(&h.embedding.simhash, 0))
+    };
+    let ok = |_, req: &RpcRequest| {
+        Ok(RpcResponse::Headers {
+            id: req.id(),
+            headers: vec![],
+        })
+    };
+    // Window 1: three providers under band 0 make it hot, split two ways.
+    let query = PartnerQuery::new(a.packet.header.clone(), a.margins.clone(), Arc::new(spec()));
+    let providers: Vec<_> = crowd.iter().map(|&p| (p, vec![band_key(1)])).collect();
+    let (partners, _) = run_lookup(&mut a.core, query, &providers, now, ok);
+    assert_eq!(partners.stats.key_lookups, 16);
+
+    // Window 2, a refresh: one of the two shards is asked; its three providers stand for six.
+    let p2 = packet(&a.key, 2, h.embedding.clone(), 0.0);
+    let base = band_key(2);
+    let both = vec![base, shard_key(&base, 1)];
+    let providers: Vec<_> = crowd.iter().map(|&p| (p, both.clone())).collect();
+    let query = PartnerQuery::new(p2.header.clone(), a.margins.clone(), Arc::new(spec()));
+    let (partners, _) = run_lookup(&mut a.core, query.refreshing(), &providers, now, ok);
+    assert_eq!(partners.stats.key_lookups, 16);
+    assert_eq!(partners.stats.providers, 3);
+
+    // Window 10 (the next discovery round), a full lookup: band 0 now has four shards, and
+    // every one is asked.
+    let p3 = packet(&a.key, 10, h.embedding.clone(), 0.0);
+    let base = band_key(10);
+    let query = PartnerQuery::new(p3.header.clone(), a.margins.clone(), Arc::new(spec()));
+    a.core.start_lookup(query, now).unwrap();
+    let keys = provider_lookups(&mut a.core);
+    assert_eq!(keys.len(), 19);
+    assert!((0..4).all(|s| keys.contains(&shard_key(&base, s))));
 }
 
 #[test]

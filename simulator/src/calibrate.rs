@@ -29,7 +29,7 @@ use kindred_routing::{
 };
 use libp2p_identity::{Keypair, PeerId, ed25519};
 
-use crate::routing::overlay::Overlay;
+use crate::routing::overlay::{Overlay, Search};
 use crate::stats::{mean, quantile};
 
 /// Dimension of the planted vectors.
@@ -423,7 +423,7 @@ fn model(w: &Workload, seed: u64) -> Result<SideFigures, CalibrateError> {
     // First round window: no node has seen a hot band yet, so nothing is sharded.
     let overlay = Overlay::new(n, seed, spec.id()).with_sharding(false);
     let sigs: Vec<SimHash> = w.embeddings.iter().map(|e| e.simhash).collect();
-    let r = overlay.round(1, &sigs, &w.margins, &vec![true; n])?;
+    let r = overlay.round(1, &sigs, &w.margins, &vec![Search::Full; n])?;
     let truth = truth(&w.embeddings);
     let keys = KeyConfig::default();
     let probes = LookupConfig::default().probes;

@@ -66,6 +66,10 @@ pub(crate) struct LearnArgs {
     /// follows nobody, so the node searches the DHT every round).
     #[arg(long)]
     pub(crate) follow: Option<usize>,
+    /// Shards of each hot band a node looks up when it refreshes its partners in a discovery
+    /// round after its warm-up (default: kindred-routing's 2; 0 looks up every shard).
+    #[arg(long)]
+    pub(crate) refresh_shards: Option<u32>,
     /// Candidates farther than this multiple of the nearest candidate's distance (1 − sketch
     /// cosine) are neither fetched nor followed (default: kindred-routing's 4).
     #[arg(long)]
@@ -116,6 +120,9 @@ impl LearnArgs {
         }
         if let Some(f) = self.follow {
             c.discovery.follow = f;
+        }
+        if let Some(s) = self.refresh_shards {
+            c.refresh_shards = s;
         }
         if let Some(r) = self.max_distance_ratio {
             anyhow::ensure!(

@@ -326,6 +326,9 @@ pub struct LearnConfig {
     pub gate: CosineGate,
     /// Multi-probe keys per round lookup. Default `kindred-routing`'s 8.
     pub probes: usize,
+    /// Shards of each hot band a refresh lookup asks. Default `kindred-routing`'s 2
+    /// (`LookupConfig::refresh_shards`; 0: every shard).
+    pub refresh_shards: u32,
     /// When semantic nodes search the DHT and whom they follow in between. Default
     /// `kindred-routing`'s (rounds 0-2, then every 10th; 32 peers followed).
     pub discovery: Discovery,
@@ -361,6 +364,7 @@ impl LearnConfig {
             top_m: lookup.top_m,
             gate: lookup.gate,
             probes: lookup.probes,
+            refresh_shards: lookup.refresh_shards,
             discovery: Discovery::default(),
             // As the node: the cumulative update already separates tasks; centring it by
             // peer updates would remove exactly that signal.

@@ -51,7 +51,7 @@ use rand::rngs::StdRng;
 use rayon::prelude::*;
 
 use super::config::{Attack, Compression, Consensus, LearnConfig, Merge, Partners, PolicySpec};
-use crate::routing::overlay::Overlay;
+use crate::routing::overlay::{Overlay, Search};
 use crate::stats::{mean, sd};
 
 /// Bytes of a header or body request.
@@ -344,8 +344,11 @@ pub fn run(cfg: &LearnConfig, progress: ProgressFn<'_>) -> Result<LearnReport, L
         .policies
         .iter()
         .any(|p| p.partners == Partners::Semantic);
-    let overlay =
-        needs_overlay.then(|| Overlay::new(cfg.nodes, cfg.seed, spec.id()).with_probes(cfg.probes));
+    let overlay = needs_overlay.then(|| {
+        Overlay::new(cfg.nodes, cfg.seed, spec.id())
+            .with_probes(cfg.probes)
+            .with_refresh_shards(cfg.refresh_shards)
+    });
     let embedder = Embedder::new(cfg.embedding)?;
     let mut states: Vec<State> = cfg
         .policies
@@ -645,17 +648,17 @@ fn step(
         (Partners::Semantic, Some(ov)) => {
             let sigs: Vec<SimHash> = packed.iter().map(|p| p.embedding.simhash).collect();
             let margins: Vec<[f32; SIMHASH_BITS]> = packed.iter().map(|p| p.margins).collect();
-            // `None`: search the DHT; otherwise the followed peers.
-            let plans: Vec<Option<Vec<u32>>> = state
+            // Per node, how it searches the DHT, or the peers it follows.
+            let (searching, plans): (Vec<Search>, Vec<Option<Vec<u32>>>) = state
                 .follow
                 .iter_mut()
                 .map(|f| match f.start_round(r64) {
-                    RoundPlan::Search => None,
-                    RoundPlan::Follow(peers) => Some(peers.to_vec()),
+                    RoundPlan::Search => (Search::Full, None),
+                    RoundPlan::Refresh => (Search::Refresh, None),
+                    RoundPlan::Follow(peers) => (Search::Idle, Some(peers.to_vec())),
                 })
-                .collect();
-            let searching: Vec<bool> = plans.iter().map(Option::is_none).collect();
-            searches = searching.iter().filter(|&&s| s).count();
+                .unzip();
+            searches = searching.iter().filter(|&&s| s != Search::Idle).count();
             let window = cfg.discovery.window(r64).0;
             let r = ov.round(window, &sigs, &margins, &searching)?;
             dht_total = r.total_bytes as f64;

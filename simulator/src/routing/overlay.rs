@@ -4,14 +4,15 @@
 //! k-buckets, log-normal link latencies). Each round, [`Overlay::round`] runs what every node's
 //! routing layer does with its freshly distilled update: announce the band keys of its SimHash
 //! (hot bands sharded as `kindred-routing` would shard them), then look up its band keys and its
-//! first multi-probe keys, each a real simulated `ADD_PROVIDER` / `GET_PROVIDERS` lookup. What a
-//! node finds is exactly the set of providers those lookups returned, and its DHT traffic is what
-//! those lookups sent and received.
+//! first multi-probe keys (every shard of a hot one, or a few in a refresh, as the routing core
+//! does), each a real simulated `ADD_PROVIDER` / `GET_PROVIDERS` lookup. What a node finds is
+//! exactly the set of providers those lookups returned, and its DHT traffic is what those lookups
+//! sent and received.
 
 use kindred_proto::{ModelId, SIMHASH_BITS, SimHash};
 use kindred_routing::keys::{
     KeyConfig, KeyContext, NetworkId, ProbeError, ProbeSequence, RoundWindow, ShardPolicy,
-    announce_shard, shard_key,
+    announce_shard, lookup_shards, shard_key,
 };
 use rayon::prelude::*;
 
@@ -27,6 +28,18 @@ use super::workload::Shards;
 
 const SECOND: Micros = 1_000_000;
 
+/// What a node's routing layer does in an overlay round (`kindred_routing::RoundPlan`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Search {
+    /// Neither announce nor look up (the node follows peers, or is away).
+    #[default]
+    Idle,
+    /// Announce, and look up every shard of each hot band.
+    Full,
+    /// Announce, and look up a few shards of each hot band.
+    Refresh,
+}
+
 /// A static overlay of `n` nodes.
 #[derive(Debug, Clone)]
 pub struct Overlay {
@@ -39,6 +52,8 @@ pub struct Overlay {
     keys: KeyConfig,
     shards: ShardPolicy,
     probes: usize,
+    /// Shards of a hot band a refresh asks (`kindred_routing::LookupConfig::refresh_shards`).
+    refresh_shards: u32,
     /// Use steady-state hot-band shard counts (false: every band on one key, as in a network's
     /// first round window, before any node has seen a hot band).
     sharding: bool,
@@ -87,6 +102,7 @@ impl Overlay {
             keys: KeyConfig::default(),
             shards: ShardPolicy::default(),
             probes: kindred_routing::LookupConfig::default().probes,
+            refresh_shards: kindred_routing::LookupConfig::default().refresh_shards,
             sharding: true,
             network: NetworkId::from_name("kindred-sim"),
             model,
@@ -97,6 +113,12 @@ impl Overlay {
     /// Use `probes` multi-probe keys per lookup.
     pub fn with_probes(mut self, probes: usize) -> Self {
         self.probes = probes;
+        self
+    }
+
+    /// Ask `shards` shards of each hot band in a refresh (0: all).
+    pub fn with_refresh_shards(mut self, shards: u32) -> Self {
+        self.refresh_shards = shards;
         self
     }
 
@@ -123,8 +145,8 @@ impl Overlay {
         self.ids.is_empty()
     }
 
-    /// Run round `round`: nodes with `active[i]` announce `sigs[i]`'s band keys, then look up
-    /// their band keys and the first probes ordered by `margins[i]`.
+    /// Run round `round`: nodes that search (`searches[i]`) announce `sigs[i]`'s band keys, then
+    /// look up their band keys and the first probes ordered by `margins[i]`.
     ///
     /// # Errors
     /// [`ProbeError`] when probes are asked for and margins are unusable.
@@ -133,11 +155,12 @@ impl Overlay {
         round: u64,
         sigs: &[SimHash],
         margins: &[[f32; SIMHASH_BITS]],
-        active: &[bool],
+        searches: &[Search],
     ) -> Result<OverlayRound, ProbeError> {
         let n = self.ids.len();
         let ctx = KeyContext::new(self.network, self.model, RoundWindow(round), self.keys);
-        let is_active = |i: usize| active.get(i).copied().unwrap_or(false);
+        let search = |i: usize| searches.get(i).copied().unwrap_or_default();
+        let is_active = |i: usize| search(i) != Search::Idle;
         let announced: Vec<SimHash> = (0..n)
             .filter(|&i| is_active(i))
             .filter_map(|i| sigs.get(i).copied())
@@ -190,6 +213,11 @@ impl Overlay {
         let mut jobs = Vec::new();
         for i in (0..n).filter(|&i| is_active(i)) {
             let sig = sigs.get(i).copied().unwrap_or_default();
+            let salt = self.ids.id(i as u32).to_le_bytes();
+            let limit = match search(i) {
+                Search::Refresh if self.refresh_shards > 0 => self.refresh_shards,
+                _ => u32::MAX,
+            };
             let start = 30 * SECOND + rand(2, i, 10 * SECOND);
             let mut origins: Vec<(u16, u64)> = (0..self.keys.bands())
                 .map(|b| (b as u16, self.keys.band_value(&sig, b)))
@@ -201,7 +229,7 @@ impl Overlay {
             }
             for (band, value) in origins {
                 let base = ctx.band_key(usize::from(band), value);
-                for s in 0..shards.get(band, value) {
+                for s in lookup_shards(&salt, &base, shards.get(band, value), limit) {
                     jobs.push(Job {
                         kind: Kind::GetProviders,
                         querier: i as u32,
@@ -287,7 +315,7 @@ mod tests {
             sigs.push(SimHash(bytes));
             margins.push([1.0f32; SIMHASH_BITS]);
         }
-        let active = vec![true; n];
+        let active = vec![Search::Full; n];
         let r = overlay.round(7, &sigs, &margins, &active).unwrap();
         for i in [0usize, 77, 149] {
             let f = &r.found[i];
@@ -297,10 +325,30 @@ mod tests {
         assert!(r.total_bytes > 0 && r.node_bytes.iter().any(|&b| b > 0));
         assert!(r.rpcs_mean >= 2.0);
         // Inactive nodes neither announce nor look up.
-        let mut active = vec![true; n];
-        active[3] = false;
+        let mut active = vec![Search::Full; n];
+        active[3] = Search::Idle;
         let r = overlay.round(8, &sigs, &margins, &active).unwrap();
         assert!(r.found[3].is_empty());
         assert!(r.found[4].iter().all(|&p| p != 3));
+        // A refresh asks two shards of each hot band: fewer lookups, fewer bytes, and still
+        // only its own group.
+        let full = r;
+        let refresh = vec![Search::Refresh; n];
+        let r = overlay.round(8, &sigs, &margins, &refresh).unwrap();
+        assert!(
+            r.lookups < full.lookups,
+            "{} vs {}",
+            r.lookups,
+            full.lookups
+        );
+        assert!(r.total_bytes < full.total_bytes);
+        for i in [0usize, 77, 149] {
+            assert!(
+                r.found[i].len() >= 20,
+                "node {i} found {}",
+                r.found[i].len()
+            );
+            assert!(r.found[i].iter().all(|&p| (p as usize) < 150));
+        }
     }
 }
