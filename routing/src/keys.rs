@@ -258,10 +258,10 @@ fn salted_shard(domain: &[u8], salt: &[u8], key: &SemanticKey, shards: u32) -> u
 }
 
 /// The shards of a key split `shards` ways that a looker with identity bytes `salt` asks when it
-/// asks at most `limit` of them: all of them when `limit` covers them, otherwise `limit` (at
-/// least one) consecutive shards (wrapping) from a start drawn from `salt` and the key. Keys
-/// change every window, so the same looker reads different shards in different windows, and
-/// different lookers spread over every shard.
+/// asks at most `limit` of them: all of them when `limit` is 0 or covers them, otherwise `limit`
+/// consecutive shards (wrapping) from a start drawn from `salt` and the key. Keys change every
+/// window, so the same looker reads different shards in different windows, and different
+/// lookers spread over every shard.
 ///
 /// ```
 /// use kindred_routing::keys::lookup_shards;
@@ -278,13 +278,10 @@ pub fn lookup_shards(
     limit: u32,
 ) -> impl Iterator<Item = u32> + use<> {
     let shards = shards.max(1);
-    let (start, count) = if limit >= shards {
+    let (start, count) = if limit == 0 || limit >= shards {
         (0, shards)
     } else {
-        (
-            salted_shard(LOOKUP_SHARD_DOMAIN, salt, key, shards),
-            limit.max(1),
-        )
+        (salted_shard(LOOKUP_SHARD_DOMAIN, salt, key, shards), limit)
     };
     (0..count).map(move |k| (start + k) % shards)
 }
@@ -754,6 +751,8 @@ mod tests {
         assert_eq!(lookup_shards(b"p", &key, 0, 2).collect::<Vec<_>>(), vec![0]);
         assert_eq!(lookup_shards(b"p", &key, 1, 0).collect::<Vec<_>>(), vec![0]);
         assert_eq!(lookup_shards(b"p", &key, 8, 8).count(), 8);
+        // 0: no limit.
+        assert_eq!(lookup_shards(b"p", &key, 8, 0).count(), 8);
         let mut starts = std::collections::HashSet::new();
         for i in 0u32..200 {
             let salt = i.to_le_bytes();

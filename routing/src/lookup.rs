@@ -316,18 +316,16 @@ impl RoutingCore {
             let seq = ProbeSequence::new(&h.embedding.simhash, &query.margins, ctx.config())?;
             origins.extend(seq.take(probes).map(|p| (p.band, p.value)));
         }
-        let limit = if query.refresh && cfg.refresh_shards > 0 {
-            cfg.refresh_shards
-        } else {
-            u32::MAX
-        };
+        // 0: every shard.
+        let limit = if query.refresh { cfg.refresh_shards } else { 0 };
         let mut keys = HashMap::new();
         let mut shards_used = HashMap::new();
         for &(band, value) in &origins {
             let shards = self.hot.shards(band, value);
-            shards_used.insert((band, value), (shards, shards.min(limit)));
             let base = ctx.band_key(usize::from(band), value);
+            let mut asked = 0;
             for s in lookup_shards(&self.local_bytes, &base, shards, limit) {
+                asked += 1;
                 keys.entry(shard_key(&base, s)).or_insert(KeyState {
                     band,
                     value,
@@ -336,6 +334,7 @@ impl RoutingCore {
                     providers: HashSet::new(),
                 });
             }
+            shards_used.insert((band, value), (shards, asked));
         }
         let id = LookupId(self.next_id());
         for key in keys.keys() {

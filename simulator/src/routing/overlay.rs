@@ -214,9 +214,10 @@ impl Overlay {
         for i in (0..n).filter(|&i| is_active(i)) {
             let sig = sigs.get(i).copied().unwrap_or_default();
             let salt = self.ids.id(i as u32).to_le_bytes();
+            // 0: every shard.
             let limit = match search(i) {
-                Search::Refresh if self.refresh_shards > 0 => self.refresh_shards,
-                _ => u32::MAX,
+                Search::Refresh => self.refresh_shards,
+                _ => 0,
             };
             let start = 30 * SECOND + rand(2, i, 10 * SECOND);
             let mut origins: Vec<(u16, u64)> = (0..self.keys.bands())
