@@ -8,6 +8,14 @@ use kindred_distill::{
     MergeRule, Rejection, SynthConfig, SynthError, UpdateRef, Verdict, synthesize,
 };
 
+/// Peers with `samples` each.
+fn refs<'a>(updates: impl IntoIterator<Item = &'a [f32]>, samples: u64) -> Vec<UpdateRef<'a>> {
+    updates
+        .into_iter()
+        .map(|update| UpdateRef { update, samples })
+        .collect()
+}
+
 fn honest(n: usize, own: &[f32], seed: u64) -> Vec<f32> {
     common::mix(own, &common::update(n, seed), 0.5)
 }
@@ -272,4 +280,93 @@ fn sparse_peers_are_compared_on_their_support() {
         out.verdicts[1],
         Verdict::Rejected(Rejection::CosineBelowGate { .. })
     ));
+}
+
+#[test]
+fn noise_level_peers_are_merged_but_one_pointing_away_is_not() {
+    // Late in training, honest updates of one task are mostly minibatch noise: independent
+    // updates, cosine 0 ± 1/√n with the own one. A gate fixed at 0 drops about half of them;
+    // the noise-aware gate keeps nearly all, and still drops the own update turned around.
+    let n = 4000;
+    let own = common::update(n, 1);
+    let noise: Vec<Vec<f32>> = (0..12).map(|s| common::update(n, 100 + s)).collect();
+    let away: Vec<f32> = own.iter().map(|x| -0.5 * x).collect();
+    let peers = refs(noise.iter().map(Vec::as_slice).chain([&away[..]]), 10);
+    let own_ref = UpdateRef {
+        update: &own,
+        samples: 10,
+    };
+    let fixed = SynthConfig {
+        noise_spreads: 0.0,
+        ..SynthConfig::default()
+    };
+    let out = synthesize(own_ref, &peers, &fixed).unwrap();
+    assert!(
+        (2..=10).contains(&out.accepted),
+        "a gate at 0 keeps about half the noise: {}",
+        out.accepted
+    );
+    let at_zero = out.accepted;
+    let out = synthesize(own_ref, &peers, &SynthConfig::default()).unwrap();
+    // A 3-spread gate may drop the odd tail of the noise, no more (here one at −0.035 with the
+    // rest within ±0.02).
+    assert!(
+        out.accepted >= 11 && out.accepted > at_zero,
+        "{} of 12 kept (gate at 0: {at_zero})",
+        out.accepted
+    );
+    assert!(matches!(
+        out.verdicts[12],
+        Verdict::Rejected(Rejection::CosineBelowGate { cosine }) if cosine < -0.9
+    ));
+    // With too few peers to read a spread from, the gate stays at `min_cosine`.
+    let few = synthesize(
+        own_ref,
+        &peers[..SynthConfig::SPREAD_PEERS - 1],
+        &SynthConfig::default(),
+    )
+    .unwrap();
+    let fixed_few = synthesize(own_ref, &peers[..SynthConfig::SPREAD_PEERS - 1], &fixed).unwrap();
+    assert_eq!(few.verdicts, fixed_few.verdicts);
+    // A bad setting is an error, not a silent default.
+    let bad = SynthConfig {
+        noise_spreads: f32::NAN,
+        ..SynthConfig::default()
+    };
+    assert!(matches!(
+        synthesize(own_ref, &peers, &bad),
+        Err(SynthError::Config {
+            field: "noise_spreads",
+            ..
+        })
+    ));
+}
+
+#[test]
+fn accepted_peers_come_best_agreement_first() {
+    let n = 2000;
+    let own = common::update(n, 3);
+    // The own update plus noise: the more noise, the lower the cosine.
+    let noise = [0.2f32, 0.9, 0.5, 0.7];
+    let peers_data: Vec<Vec<f32>> = noise
+        .iter()
+        .enumerate()
+        .map(|(k, &eps)| common::mix(&own, &common::update(n, 50 + k as u64), eps))
+        .collect();
+    let flipped: Vec<f32> = own.iter().map(|x| -x).collect();
+    let peers = refs(
+        peers_data.iter().map(Vec::as_slice).chain([&flipped[..]]),
+        10,
+    );
+    let out = synthesize(
+        UpdateRef {
+            update: &own,
+            samples: 10,
+        },
+        &peers,
+        &SynthConfig::default(),
+    )
+    .unwrap();
+    assert_eq!(out.accepted_by_agreement(), vec![0, 2, 3, 1]);
+    assert!(!out.verdicts[4].is_accepted());
 }

@@ -130,7 +130,7 @@ pub struct PeerPacket {
 /// What merging did.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct MergeReport {
-    /// Peers merged.
+    /// Peers merged, the one whose update agrees most with the own update first.
     pub partners: Vec<PeerId>,
     /// Rejected peers with the reason label.
     pub rejected: Vec<(PeerId, &'static str)>,
@@ -272,7 +272,7 @@ impl Engine {
             distiller,
             source,
             store,
-            synth: SynthConfig::default(),
+            synth: SynthConfig::for_node(config.snapshot_every > 0),
             origin,
             base,
             last_round,
@@ -442,12 +442,16 @@ impl Engine {
         for ((p, update), verdict) in decoded.iter().zip(&synthesis.verdicts) {
             match verdict {
                 Verdict::Accepted { .. } => {
-                    report.partners.push(p.sender);
                     let _ = self.distiller.accept_peer(update);
                 }
                 Verdict::Rejected(r) => report.rejected.push((p.sender, r.reason())),
             }
         }
+        report.partners = synthesis
+            .accepted_by_agreement()
+            .into_iter()
+            .filter_map(|i| decoded.get(i).map(|(p, _)| p.sender))
+            .collect();
         match &mut self.source {
             Source::Builtin(b) => {
                 let model = &mut b.model;
@@ -484,15 +488,13 @@ impl Engine {
         Ok(seal_snapshot(&self.keypair, &self.spec, fields, &body)?)
     }
 
-    /// Which of this round's merge `partners` to fetch a snapshot from: one at random, the
-    /// same for a given node and round.
+    /// Which of this round's merge `partners` (best agreement first, as
+    /// [`MergeReport::partners`]) to fetch a snapshot from: one at random of the better-agreeing
+    /// half (`kindred_distill::snapshot_partner`), the same for a given node and round.
     pub fn snapshot_partner(&self, round: u64, partners: &[PeerId]) -> Option<PeerId> {
         use rand::Rng;
-        if partners.is_empty() {
-            return None;
-        }
         let mut rng = StdRng::seed_from_u64(seed_of(&self.peer_id) ^ round.rotate_left(29));
-        partners.get(rng.random_range(0..partners.len())).copied()
+        kindred_distill::snapshot_partner(partners, rng.random())
     }
 
     /// Move the model toward a partner's verified snapshot (`kindred_distill::pull`): `config`'s
@@ -623,8 +625,8 @@ mod tests {
         (engine, Dir(dir))
     }
 
-    /// One round on `update` with no peers: the merged update is the node's own.
-    fn round(engine: &mut Engine, round: u64, update: Vec<f32>) -> MergeReport {
+    /// Push `update` (32 samples) and distill this round's packet.
+    fn packet(engine: &mut Engine, round: u64, update: Vec<f32>) -> Outgoing {
         engine
             .push_external(ExternalUpdate {
                 update,
@@ -632,9 +634,14 @@ mod tests {
                 loss: 1.0,
             })
             .unwrap_or_else(|e| panic!("{e}"));
-        let out = engine
+        engine
             .make_packet(round, 0)
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// One round on `update` with no peers: the merged update is the node's own.
+    fn round(engine: &mut Engine, round: u64, update: Vec<f32>) -> MergeReport {
+        let out = packet(engine, round, update);
         engine.merge(&out, &[]).unwrap_or_else(|e| panic!("{e}"))
     }
 
@@ -704,5 +711,52 @@ mod tests {
             .unwrap_or_else(|e| panic!("{e}"));
         assert!(done.clipped);
         assert!((done.step_norm - 2.0 * reference).abs() < 1e-3 * reference);
+    }
+
+    #[test]
+    fn partners_come_best_agreement_first_and_the_snapshot_is_from_the_better_half() {
+        let mut engines: Vec<(Engine, Dir)> = ["own", "near", "far", "away"]
+            .iter()
+            .map(|name| external(&format!("agree-{name}")))
+            .collect();
+        let n = engines[0].0.spec().numel() as usize;
+        let wave = |f: f32, i: usize| (i as f32 * f).sin() * 1e-2;
+        // The own update, the same plus a little or a lot of another wave, and its opposite.
+        let updates: Vec<Vec<f32>> = [(1.0, 0.3), (1.0, 1.5), (-1.0, 0.0)]
+            .iter()
+            .map(|&(own, other)| {
+                (0..n)
+                    .map(|i| own * wave(0.37, i) + other * wave(1.91, i))
+                    .collect()
+            })
+            .collect();
+        let mut peers = Vec::new();
+        for ((engine, _), update) in engines.iter_mut().skip(1).zip(updates) {
+            let out = packet(engine, 2, update);
+            let packet = OutcomePacket::decode(
+                &out.packet.header_bytes,
+                &out.packet.body_bytes,
+                engine.spec(),
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+            peers.push(PeerPacket {
+                sender: engine.peer_id(),
+                id: packet.id(),
+                samples: 32,
+                body: packet.body,
+            });
+        }
+        let ids: Vec<PeerId> = peers.iter().map(|p| p.sender).collect();
+        // Handed over worst first: "far", "away", "near".
+        let order = [1, 2, 0];
+        let handed: Vec<PeerPacket> = order.iter().map(|&k| peers[k].clone()).collect();
+        let own = &mut engines[0].0;
+        let out = packet(own, 2, (0..n).map(|i| wave(0.37, i)).collect());
+        let report = own.merge(&out, &handed).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(report.partners, vec![ids[0], ids[1]]);
+        assert_eq!(report.rejected, vec![(ids[2], "cosine")]);
+        for round in 0..16 {
+            assert_eq!(own.snapshot_partner(round, &report.partners), Some(ids[0]));
+        }
     }
 }

@@ -3,8 +3,9 @@
 use std::path::Path;
 
 use clap::{Args, ValueEnum};
+use kindred_distill::SynthConfig;
 use kindred_simulator::learn::{
-    Attack, Consensus, Hostile, LearnConfig, LearnReport, PolicySpec, Setting,
+    Attack, Consensus, Hostile, LearnConfig, LearnReport, Merge, PolicySpec, Setting,
 };
 use kindred_simulator::plot::{Chart, Series, line_chart};
 use serde_json::{Value, json};
@@ -91,6 +92,15 @@ pub(crate) struct LearnArgs {
     /// Share of the way Kindred moves toward the partner's model (default 0.5, as the node).
     #[arg(long)]
     pub(crate) snapshot_share: Option<f32>,
+    /// The robust merge rejects a peer update whose cosine with the node's own update is below
+    /// this (default: kindred-distill's 0; -1 turns the cosine check off).
+    #[arg(long, allow_hyphen_values = true)]
+    pub(crate) min_cosine: Option<f32>,
+    /// The robust merge's cosine gate moves down to the median of the peers' cosines minus this
+    /// many robust spreads when that is lower (default: kindred-distill's 3; 0 keeps it at
+    /// --min-cosine).
+    #[arg(long)]
+    pub(crate) noise_spreads: Option<f32>,
 }
 
 impl LearnArgs {
@@ -162,6 +172,24 @@ impl LearnArgs {
             })
             .collect::<anyhow::Result<_>>()?;
         self.snapshots(&mut c.policies)?;
+        if let Some(min) = self.min_cosine {
+            anyhow::ensure!(
+                (-1.0..=1.0).contains(&min),
+                "--min-cosine must be in [-1, 1]"
+            );
+        }
+        if let Some(k) = self.noise_spreads {
+            anyhow::ensure!(
+                k.is_finite() && k >= 0.0,
+                "--noise-spreads must be a number of at least 0"
+            );
+        }
+        for p in &mut c.policies {
+            if let Merge::Robust(sc) = &mut p.merge {
+                sc.min_cosine = self.min_cosine.unwrap_or(sc.min_cosine);
+                sc.noise_spreads = self.noise_spreads.unwrap_or(sc.noise_spreads);
+            }
+        }
         if self.hostile > 0.0 {
             c.hostile = Some(Hostile {
                 fraction: self.hostile,
@@ -188,6 +216,12 @@ impl LearnArgs {
             );
         }
         for p in policies.iter_mut() {
+            if p.consensus.is_some() && self.snapshot_every == Some(0) {
+                // As the node: without snapshots the merge gate stays at `min_cosine`.
+                if let Merge::Robust(sc) = &mut p.merge {
+                    *sc = SynthConfig::for_node(false);
+                }
+            }
             p.consensus = match p.consensus {
                 Some(_) if self.snapshot_every == Some(0) => None,
                 Some(c) => Some(Consensus {

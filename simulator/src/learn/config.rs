@@ -109,7 +109,7 @@ impl PolicySpec {
             name: "kindred".into(),
             partners: Partners::Semantic,
             compression: Compression::Distill(Policy::default()),
-            merge: Merge::Robust(SynthConfig::default()),
+            merge: Merge::Robust(SynthConfig::for_node(true)),
             consensus: Some(Consensus::default()),
         }
     }
@@ -119,6 +119,7 @@ impl PolicySpec {
     pub fn kindred_no_snapshots() -> Self {
         Self {
             name: "kindred-no-snapshots".into(),
+            merge: Merge::Robust(SynthConfig::for_node(false)),
             consensus: None,
             ..Self::kindred()
         }
@@ -130,7 +131,7 @@ impl PolicySpec {
             name: "gossip".into(),
             partners: Partners::Gossip { fanout },
             compression: Compression::Distill(Policy::default()),
-            merge: Merge::Robust(SynthConfig::default()),
+            merge: Merge::Robust(SynthConfig::for_node(false)),
             consensus: None,
         }
     }

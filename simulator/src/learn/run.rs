@@ -22,7 +22,8 @@
 //!    with its partners' decoded updates; the node adds the result to its parameters, and folds
 //!    accepted peer updates into its embedding's running mean.
 //! 5. **Consensus** (a policy with [`crate::learn::Consensus`], `kindred`): every few
-//!    rounds each node fetches one partner it merged as a model snapshot
+//!    rounds each node fetches one partner it merged, of the half whose updates agree most with
+//!    its own (`kindred_distill::snapshot_partner`), as a model snapshot
 //!    (`kindred_distill::snapshot`) and moves part of the way toward it
 //!    (`kindred_distill::pull`).
 //!
@@ -40,7 +41,7 @@ use std::time::Instant;
 use half::f16;
 
 use kindred_distill::{
-    Distiller, Embedder, Layout, Synthesis, UpdateRef, Verdict, decode, pull, snapshot, synthesize,
+    Distiller, Embedder, Layout, UpdateRef, decode, pull, snapshot, snapshot_partner, synthesize,
 };
 use kindred_node::trainer::{Examples, Mnist, Model, ModelError, Split};
 use kindred_proto::{Embedding, HeaderFields, ModelSpec, SIMHASH_BITS, SimHash, seal};
@@ -889,7 +890,8 @@ fn step(
 }
 
 /// [`Consensus`]: every node that merged someone fetches one of this round's accepted partners
-/// at random as a snapshot and pulls toward it. Returns the bytes moved and the share of pulls
+/// as a snapshot (`kindred_distill::snapshot_partner`: one of the better-agreeing half, as the
+/// node picks) and pulls toward it. Returns the bytes moved and the share of pulls
 /// clipped. Hostile nodes serve their model corrupted by their attack.
 #[allow(clippy::too_many_arguments)]
 fn average_models(
@@ -907,9 +909,8 @@ fn average_models(
         .iter()
         .enumerate()
         .map(|(i, m)| {
-            let mut rng = crate::rng::stream(cfg.seed, &[0xC0_5E, round, i as u64]);
-            let k = rng.below(m.accepted.len().max(1) as u64) as usize;
-            m.accepted.get(k).copied()
+            let word = crate::rng::hash_words(cfg.seed, &[0xC0_5E, round, i as u64]);
+            snapshot_partner(&m.accepted, word)
         })
         .collect();
     let mut wanted = vec![false; n];
@@ -1079,17 +1080,14 @@ fn merge_with<'a>(
             (update, peers.to_vec(), 0)
         }
         Merge::Robust(sc) => {
-            let Synthesis {
-                merged, verdicts, ..
-            } = synthesize(own_ref, &refs, &sc)?;
-            let accepted: Vec<u32> = peers
-                .iter()
-                .zip(&verdicts)
-                .filter(|(_, v)| matches!(v, Verdict::Accepted { .. }))
-                .map(|(p, _)| *p)
+            let synthesis = synthesize(own_ref, &refs, &sc)?;
+            let accepted: Vec<u32> = synthesis
+                .accepted_by_agreement()
+                .into_iter()
+                .filter_map(|k| peers.get(k).copied())
                 .collect();
-            let rejected = verdicts.len() - accepted.len();
-            (merged, accepted, rejected)
+            let rejected = synthesis.verdicts.len() - accepted.len();
+            (synthesis.merged, accepted, rejected)
         }
     };
     Ok(Merged {
