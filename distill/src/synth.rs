@@ -108,6 +108,35 @@ impl SynthConfig {
     /// Fewest peers (past the norm rules) whose cosines [`SynthConfig::noise_spreads`] reads a
     /// spread from.
     pub const SPREAD_PEERS: usize = 5;
+
+    /// Check every field's range; [`synthesize`] does too, so a bad setting fails early.
+    ///
+    /// # Errors
+    /// [`SynthError::Config`] naming the first field out of range.
+    pub fn validate(&self) -> Result<(), SynthError> {
+        let bad = |field, reason| Err(SynthError::Config { field, reason });
+        if !(self.min_cosine.is_finite() && (-1.0..=1.0).contains(&self.min_cosine)) {
+            return bad("min_cosine", "must be in [-1, 1]");
+        }
+        if !(self.noise_spreads.is_finite() && self.noise_spreads >= 0.0) {
+            return bad("noise_spreads", "must be finite and at least 0");
+        }
+        if !(self.clip_norm_ratio.is_finite() && self.clip_norm_ratio > 0.0) {
+            return bad("clip_norm_ratio", "must be positive");
+        }
+        if !(self.reject_norm_ratio.is_finite() && self.reject_norm_ratio >= self.clip_norm_ratio) {
+            return bad("reject_norm_ratio", "must be at least clip_norm_ratio");
+        }
+        if !(self.similarity_power.is_finite() && self.similarity_power >= 0.0) {
+            return bad("similarity_power", "must be non-negative");
+        }
+        if let MergeRule::TrimmedMean { trim } = self.rule
+            && !(trim.is_finite() && (0.0..0.5).contains(&trim))
+        {
+            return bad("rule", "trim must be in [0, 0.5)");
+        }
+        Ok(())
+    }
 }
 
 impl Default for SynthConfig {
@@ -301,7 +330,7 @@ pub fn synthesize(
     peers: &[UpdateRef<'_>],
     config: &SynthConfig,
 ) -> Result<Synthesis, SynthError> {
-    validate(config)?;
+    config.validate()?;
     let own_samples = own.samples;
     let own = own.update;
     if let Some(index) = own.iter().position(|v| !v.is_finite()) {
@@ -490,30 +519,4 @@ fn cosine_gate(cosines: &[Option<f32>], config: &SynthConfig) -> f32 {
     let mut deviations: Vec<f32> = c.iter().map(|x| (x - mid).abs()).collect();
     let spread = 1.4826 * median(&mut deviations);
     config.min_cosine.min(mid - config.noise_spreads * spread)
-}
-
-fn validate(config: &SynthConfig) -> Result<(), SynthError> {
-    let bad = |field, reason| Err(SynthError::Config { field, reason });
-    if !(config.min_cosine.is_finite() && (-1.0..=1.0).contains(&config.min_cosine)) {
-        return bad("min_cosine", "must be in [-1, 1]");
-    }
-    if !(config.noise_spreads.is_finite() && config.noise_spreads >= 0.0) {
-        return bad("noise_spreads", "must be finite and at least 0");
-    }
-    if !(config.clip_norm_ratio.is_finite() && config.clip_norm_ratio > 0.0) {
-        return bad("clip_norm_ratio", "must be positive");
-    }
-    if !(config.reject_norm_ratio.is_finite() && config.reject_norm_ratio >= config.clip_norm_ratio)
-    {
-        return bad("reject_norm_ratio", "must be at least clip_norm_ratio");
-    }
-    if !(config.similarity_power.is_finite() && config.similarity_power >= 0.0) {
-        return bad("similarity_power", "must be non-negative");
-    }
-    if let MergeRule::TrimmedMean { trim } = config.rule
-        && !(trim.is_finite() && (0.0..0.5).contains(&trim))
-    {
-        return bad("rule", "trim must be in [0, 0.5)");
-    }
-    Ok(())
 }

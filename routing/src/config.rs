@@ -124,7 +124,7 @@ impl Default for CosineGate {
 impl CosineGate {
     /// The nearest distance the ratio is taken against is at least this, so a near-copy of the
     /// node's own update does not shut every other candidate out. Two nodes that pull toward
-    /// each other's snapshots in the same round become near-copies (sketch cosine 0.995-0.999),
+    /// each other's snapshots in the same round become near-copies (sketch cosine 0.992-0.999),
     /// and with a floor of 0.005 the gate then admitted little but the copy: at 1,000 nodes
     /// (`kindred-sim learn --nodes 1000 --setting label --seed 1`) 16 nodes ended following 1-2
     /// peers, at 68-78% accuracy. With 0.02 none do (85.11% against 84.87%, purity 0.997 both),

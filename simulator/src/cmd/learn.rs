@@ -3,7 +3,6 @@
 use std::path::Path;
 
 use clap::{Args, ValueEnum};
-use kindred_distill::SynthConfig;
 use kindred_simulator::learn::{
     Attack, Consensus, Hostile, LearnConfig, LearnReport, Merge, PolicySpec, Setting,
 };
@@ -172,22 +171,12 @@ impl LearnArgs {
             })
             .collect::<anyhow::Result<_>>()?;
         self.snapshots(&mut c.policies)?;
-        if let Some(min) = self.min_cosine {
-            anyhow::ensure!(
-                (-1.0..=1.0).contains(&min),
-                "--min-cosine must be in [-1, 1]"
-            );
-        }
-        if let Some(k) = self.noise_spreads {
-            anyhow::ensure!(
-                k.is_finite() && k >= 0.0,
-                "--noise-spreads must be a number of at least 0"
-            );
-        }
         for p in &mut c.policies {
             if let Merge::Robust(sc) = &mut p.merge {
                 sc.min_cosine = self.min_cosine.unwrap_or(sc.min_cosine);
                 sc.noise_spreads = self.noise_spreads.unwrap_or(sc.noise_spreads);
+                sc.validate()
+                    .map_err(|e| anyhow::anyhow!("--min-cosine / --noise-spreads: {e}"))?;
             }
         }
         if self.hostile > 0.0 {
@@ -217,22 +206,15 @@ impl LearnArgs {
         }
         for p in policies.iter_mut() {
             if p.consensus.is_some() && self.snapshot_every == Some(0) {
-                // As the node: without snapshots the merge gate stays at `min_cosine`.
-                if let Merge::Robust(sc) = &mut p.merge {
-                    *sc = SynthConfig::for_node(false);
-                }
+                *p = p.clone().without_snapshots();
             }
-            p.consensus = match p.consensus {
-                Some(_) if self.snapshot_every == Some(0) => None,
-                Some(c) => Some(Consensus {
-                    every: self.snapshot_every.unwrap_or(c.every),
-                    pull: kindred_distill::PullConfig {
-                        share: self.snapshot_share.unwrap_or(c.pull.share),
-                        ..c.pull
-                    },
-                }),
-                None => None,
-            };
+            p.consensus = p.consensus.map(|c| Consensus {
+                every: self.snapshot_every.unwrap_or(c.every),
+                pull: kindred_distill::PullConfig {
+                    share: self.snapshot_share.unwrap_or(c.pull.share),
+                    ..c.pull
+                },
+            });
         }
         Ok(())
     }

@@ -119,9 +119,20 @@ impl PolicySpec {
     pub fn kindred_no_snapshots() -> Self {
         Self {
             name: "kindred-no-snapshots".into(),
-            merge: Merge::Robust(SynthConfig::for_node(false)),
+            ..Self::kindred().without_snapshots()
+        }
+    }
+
+    /// This policy with model snapshots off, as a node with `snapshot_every = 0`: its robust
+    /// merge's gate then stays at `min_cosine` (`SynthConfig::for_node(false)`).
+    pub fn without_snapshots(self) -> Self {
+        Self {
+            merge: match self.merge {
+                Merge::Robust(_) => Merge::Robust(SynthConfig::for_node(false)),
+                m => m,
+            },
             consensus: None,
-            ..Self::kindred()
+            ..self
         }
     }
 
