@@ -9,10 +9,10 @@
 //! partner's model and moves a share of the way toward it.
 //!
 //! A [`snapshot`] is a model as its cumulative update from the swarm's common initial model,
-//! in a packet body of dense f16 layers: the same wire format, decoder and size bounds as any
-//! outcome-packet body, at 2 bytes per parameter. [`pull`] validates what came back and
-//! bounds the step by the node's own motion this round, so a snapshot from a hostile peer moves
-//! a node no farther than a clipped update would.
+//! in a packet body of dense int8 layers (one scale each): the same wire format, decoder and
+//! size bounds as any outcome-packet body, at 1 byte per parameter. [`pull`] validates what
+//! came back and bounds the step by the node's own motion this round, so a snapshot from a
+//! hostile peer moves a node no farther than a clipped update would.
 //!
 //! ```
 //! use kindred_distill::{PullConfig, decode, pull, snapshot};
@@ -28,8 +28,6 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use half::f16;
-use half::slice::HalfFloatSliceExt;
 use kindred_proto::{DenseValues, LayerPayload, ModelSpec, PacketBody};
 
 use crate::layout::Layout;
@@ -51,14 +49,6 @@ pub enum ConsensusError {
     NonFinite {
         /// First offending position.
         index: usize,
-    },
-    /// A value does not fit f16.
-    #[error("value {value} at {index} does not fit f16")]
-    OutOfRange {
-        /// Position.
-        index: usize,
-        /// The value.
-        value: f32,
     },
     /// An invalid [`PullConfig`].
     #[error("invalid pull configuration: {0}")]
@@ -151,9 +141,6 @@ pub fn snapshot_partner<T: Copy>(by_agreement: &[T], word: u64) -> Option<T> {
     by_agreement.get((word % half) as usize).copied()
 }
 
-/// Elements converted per block in [`snapshot`].
-const BLOCK: usize = 4096;
-
 fn check_len(expected: usize, found: usize) -> Result<(), ConsensusError> {
     if expected == found {
         Ok(())
@@ -162,12 +149,16 @@ fn check_len(expected: usize, found: usize) -> Result<(), ConsensusError> {
     }
 }
 
-/// The model `params` as a packet body: its cumulative update `params − origin`, one dense f16
-/// layer per layer of `spec`.
+/// The model `params` as a packet body: its cumulative update `params − origin`, one dense int8
+/// layer per layer of `spec`, each with the scale `max |value| / 127`.
+///
+/// Why int8: a pull moves halfway toward the snapshot, so its error enters the model at half
+/// of one quantisation step per layer, well under the minibatch noise of a round; f16 costs
+/// twice the bytes for no accuracy (`kindred-sim learn --setting iid|label|rotation --seeds
+/// 1-3`, BENCHMARKS.md "Int8 snapshots").
 ///
 /// # Errors
-/// [`ConsensusError`] when lengths differ from `spec`, or a value is not finite or does not fit
-/// f16.
+/// [`ConsensusError`] when lengths differ from `spec`, or a value is not finite.
 pub fn snapshot(
     params: &[f32],
     origin: &[f32],
@@ -185,28 +176,29 @@ pub fn snapshot(
                 found: params.len(),
             });
         };
-        let mut values = vec![f16::ZERO; p.len()];
-        // Differences in cache-sized blocks, converted by half's slice conversion (F16C where
-        // the CPU has it: 3x the element-wise loop), then checked.
-        let mut diff = [0f32; BLOCK];
-        let blocks = p.chunks(BLOCK).zip(o.chunks(BLOCK));
-        for (b, ((p, o), out)) in blocks.zip(values.chunks_mut(BLOCK)).enumerate() {
-            let d = diff.get_mut(..p.len()).unwrap_or_default();
-            for ((d, x), o) in d.iter_mut().zip(p).zip(o) {
-                *d = x - o;
+        // Pass 1: the largest magnitude, and the first non-finite difference if any.
+        let mut max = 0f32;
+        for (k, (x, o)) in p.iter().zip(o).enumerate() {
+            let d = (x - o).abs();
+            if !d.is_finite() {
+                return Err(ConsensusError::NonFinite { index: start + k });
             }
-            out.convert_from_f32_slice(d);
-            if let Some(k) = out.iter().position(|h| !h.is_finite()) {
-                let value = d.get(k).copied().unwrap_or(f32::NAN);
-                let index = start + b * BLOCK + k;
-                return Err(if value.is_finite() {
-                    ConsensusError::OutOfRange { index, value }
-                } else {
-                    ConsensusError::NonFinite { index }
-                });
-            }
+            max = max.max(d);
         }
-        layers.push(LayerPayload::Dense(DenseValues::F16(values)));
+        // Pass 2: quantise to ±127 with `127 · scale = max` finite, as receivers require; a
+        // scale that underflows to zero sends zeros.
+        let scale = max / 127.0;
+        let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+        let values = p
+            .iter()
+            .zip(o)
+            .map(|(x, o)| {
+                let v = ((x - o) * inv).clamp(-127.0, 127.0);
+                // Round half away from zero; the float-to-int cast saturates and never panics.
+                (v + 0.5f32.copysign(v)) as i8
+            })
+            .collect();
+        layers.push(LayerPayload::Dense(DenseValues::Int8 { values, scale }));
     }
     Ok(PacketBody { layers })
 }
@@ -301,8 +293,8 @@ mod tests {
         )
         .unwrap();
         let bytes = &sealed.body_bytes;
-        // Two bytes per parameter plus per-layer framing.
-        assert!(bytes.len() >= 32 && bytes.len() < 64, "{}", bytes.len());
+        // One byte per parameter plus per-layer framing and scales.
+        assert!(bytes.len() >= 16 && bytes.len() < 32, "{}", bytes.len());
         let header = decode_header(&sealed.header_bytes).unwrap();
         let back = decode_body(header.header(), &spec, bytes).unwrap();
         let back = decode(&back, &spec).unwrap();
@@ -310,28 +302,36 @@ mod tests {
     }
 
     #[test]
-    fn a_snapshot_refuses_what_f16_cannot_carry() {
+    fn a_snapshot_carries_any_finite_range_and_refuses_non_finite_values() {
         let spec = spec();
         let origin = vec![0.0; 16];
         let mut params = vec![0.0; 16];
+        // Far past f16's range: int8 with a scale carries it, to half a step per layer.
         params[13] = 1e6;
-        assert_eq!(
-            snapshot(&params, &origin, &spec),
-            Err(ConsensusError::OutOfRange {
-                index: 13,
-                value: 1e6
-            })
-        );
+        params[12] = -3e5;
+        let back = decode(&snapshot(&params, &origin, &spec).unwrap(), &spec).unwrap();
+        let step = 1e6 / 127.0;
+        assert!((back[13] - 1e6).abs() <= 1.0, "{}", back[13]);
+        assert!((back[12] + 3e5).abs() <= step / 2.0, "{}", back[12]);
         params[13] = f32::NAN;
         assert_eq!(
             snapshot(&params, &origin, &spec),
+            Err(ConsensusError::NonFinite { index: 13 })
+        );
+        params[13] = f32::MAX;
+        params[12] = -f32::MAX;
+        // The difference itself overflows: refused, not sent as infinity.
+        let far = vec![-f32::MAX; 16];
+        assert_eq!(
+            snapshot(&params, &far, &spec),
             Err(ConsensusError::NonFinite { index: 13 })
         );
         assert!(matches!(
             snapshot(&params[..15], &origin, &spec),
             Err(ConsensusError::Length { .. })
         ));
-        // Past the first conversion block, in the second layer: the index is still exact.
+        // Past the first layer: the index is still exact, and each layer has its own scale, so
+        // a large value in one does not wash out a small one in another.
         let spec = ModelSpec::new(vec![
             LayerSpec::new("a", [3000], DType::F32),
             LayerSpec::new("b", [3, 3000], DType::F32),
@@ -339,23 +339,41 @@ mod tests {
         .unwrap();
         let origin = vec![0.5; 12_000];
         let mut params = origin.clone();
-        params[9_001] = -7e4;
+        params[9_001] = f32::INFINITY;
         assert_eq!(
             snapshot(&params, &origin, &spec),
-            Err(ConsensusError::OutOfRange {
-                index: 9_001,
-                value: -7e4 - 0.5
-            })
+            Err(ConsensusError::NonFinite { index: 9_001 })
         );
         params[9_001] = 0.25;
+        params[7] = 1e4;
         let body = snapshot(&params, &origin, &spec).unwrap();
         let back = decode(&body, &spec).unwrap();
         assert_eq!(back[9_001], -0.25);
+        assert!((back[7] - (1e4 - 0.5)).abs() < 1e-2);
         assert!(
             back.iter()
                 .enumerate()
-                .all(|(i, &x)| i == 9_001 || x == 0.0)
+                .all(|(i, &x)| i == 9_001 || i == 7 || x == 0.0)
         );
+    }
+
+    proptest! {
+        #[test]
+        fn a_snapshot_is_within_half_a_step_of_the_model(
+            params in prop::collection::vec(-100.0f32..100.0, 16),
+            origin in prop::collection::vec(-100.0f32..100.0, 16),
+        ) {
+            let spec = spec();
+            let back = decode(&snapshot(&params, &origin, &spec).unwrap(), &spec).unwrap();
+            for range in [0..12, 12..16] {
+                let max = range.clone().map(|i| (params[i] - origin[i]).abs()).fold(0f32, f32::max);
+                for i in range {
+                    let want = params[i] - origin[i];
+                    // Half a step, plus f32 rounding of the difference and the product.
+                    prop_assert!((back[i] - want).abs() <= max / 254.0 * 1.001 + 1e-5);
+                }
+            }
+        }
     }
 
     #[test]

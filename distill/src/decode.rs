@@ -63,8 +63,10 @@ fn decode_layer(
     payload: &LayerPayload,
     dst: &mut [f32],
 ) -> Result<(), DecodeError> {
+    // An int8 scale must keep 127 steps of itself finite (a value of -128, which no quantiser
+    // writes, is caught by the finite checks below).
     let scale_ok = |scale: f32| {
-        if scale.is_finite() && scale >= 0.0 {
+        if scale.is_finite() && scale >= 0.0 && (scale * 127.0).is_finite() {
             Ok(())
         } else {
             Err(DecodeError::Scale { layer, scale })
@@ -76,6 +78,12 @@ fn decode_layer(
                 DenseValues::F32(v) => dst.iter_mut().zip(v).for_each(|(d, x)| *d = *x),
                 DenseValues::F16(v) => dst.iter_mut().zip(v).for_each(|(d, h)| *d = h.to_f32()),
                 DenseValues::BF16(v) => dst.iter_mut().zip(v).for_each(|(d, h)| *d = h.to_f32()),
+                DenseValues::Int8 { values, scale } => {
+                    scale_ok(*scale)?;
+                    dst.iter_mut()
+                        .zip(values)
+                        .for_each(|(d, &q)| *d = f32::from(q) * scale);
+                }
             }
             if let Some(index) = dst.iter().position(|v| !v.is_finite()) {
                 return Err(DecodeError::NonFinite { layer, index });
@@ -98,8 +106,15 @@ fn decode_layer(
                     });
                 }
                 prev = Some(i);
+                let v = f32::from(q) * t.scale;
+                if !v.is_finite() {
+                    return Err(DecodeError::NonFinite {
+                        layer,
+                        index: i as usize,
+                    });
+                }
                 match dst.get_mut(i as usize) {
-                    Some(d) => *d = f32::from(q) * t.scale,
+                    Some(d) => *d = v,
                     None => {
                         return Err(DecodeError::TopK {
                             layer,

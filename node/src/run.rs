@@ -502,7 +502,7 @@ fn first_snapshot(engine: &Engine, config: &mut NodeConfig, slot: &SnapshotSlot)
             );
             config.snapshot_every = 0;
         }
-        // A value out of f16's range now may fit after the next merge: keep trying each round.
+        // Not finite now (a diverging model): snapshots stay on and each round tries again.
         Err(e) => tracing::warn!(error = %e, "cannot seal a model snapshot"),
     }
 }

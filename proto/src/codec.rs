@@ -105,6 +105,11 @@ enum WireLayer<'a> {
         words: &'a [u8],
         scale: f32,
     },
+    // Last, so that the variants before it keep their wire indices.
+    DenseInt8 {
+        values: &'a [u8],
+        scale: f32,
+    },
 }
 
 /// Header fields the caller chooses when sealing a packet; the rest (model, sender, body length,
@@ -466,6 +471,10 @@ pub fn encode_body(body: &PacketBody) -> Vec<u8> {
                     bytes: &f16_bytes,
                 }
             }
+            LayerPayload::Dense(DenseValues::Int8 { values, scale }) => WireLayer::DenseInt8 {
+                values: bytemuck::cast_slice(values),
+                scale: *scale,
+            },
             LayerPayload::TopK(t) => {
                 deltas.clear();
                 let mut prev = 0u32;
@@ -513,14 +522,13 @@ pub fn encoded_layer_len(layer: &LayerPayload) -> usize {
     // byte slice the varint of its length and the bytes, an f32 four bytes.
     let bytes = |n: usize| varint::len_u32(n as u32) + n;
     1 + match layer {
-        LayerPayload::Dense(values) => {
-            let n = match values {
-                DenseValues::F32(v) => v.len() * 4,
-                DenseValues::F16(v) => v.len() * 2,
-                DenseValues::BF16(v) => v.len() * 2,
-            };
-            1 + bytes(n)
-        }
+        // Float dtypes: the dtype's variant byte and the bytes; int8: the bytes and the scale.
+        LayerPayload::Dense(values) => match values {
+            DenseValues::F32(v) => 1 + bytes(v.len() * 4),
+            DenseValues::F16(v) => 1 + bytes(v.len() * 2),
+            DenseValues::BF16(v) => 1 + bytes(v.len() * 2),
+            DenseValues::Int8 { values, .. } => bytes(values.len()) + 4,
+        },
         LayerPayload::TopK(t) => {
             let mut prev = 0u32;
             let mut deltas = 0;
@@ -641,6 +649,21 @@ fn layer_from_wire(
             Err(DecodeError::NonFiniteScale { layer: i, scale })
         }
     };
+    // Int8 values are symmetric, ±127 (as every quantiser writes them), and 127 steps of the
+    // scale stay finite: so every value a receiver dequantises is finite.
+    let int8_check = |values: &[u8], scale: f32| {
+        scale_check(scale)?;
+        if !(scale * 127.0).is_finite() {
+            return Err(DecodeError::NonFiniteScale { layer: i, scale });
+        }
+        if values.contains(&0x80) {
+            return Err(DecodeError::Malformed {
+                part: Part::Layer(i),
+                detail: "int8 value -128 (values are within ±127)",
+            });
+        }
+        Ok(())
+    };
     match wire {
         WireLayer::Dense { dtype, bytes } => {
             let dtype = match dtype {
@@ -664,6 +687,7 @@ fn layer_from_wire(
                 DenseValues::F32(v) => v.iter().position(|x| !x.is_finite()),
                 DenseValues::F16(v) => v.iter().position(|x| !x.is_finite()),
                 DenseValues::BF16(v) => v.iter().position(|x| !x.is_finite()),
+                DenseValues::Int8 { .. } => None,
             };
             match bad {
                 Some(index) => Err(DecodeError::NonFiniteValue { layer: i, index }),
@@ -678,7 +702,7 @@ fn layer_from_wire(
             scale,
         } => {
             shape_check(u64::from(len))?;
-            scale_check(scale)?;
+            int8_check(values, scale)?;
             let k = count as usize;
             if u64::from(count) > numel {
                 return Err(DecodeError::Oversize {
@@ -734,6 +758,14 @@ fn layer_from_wire(
             Ok(LayerPayload::TopK(TopK {
                 len,
                 indices,
+                values: bytemuck::cast_slice::<u8, i8>(values).to_vec(),
+                scale,
+            }))
+        }
+        WireLayer::DenseInt8 { values, scale } => {
+            shape_check(values.len() as u64)?;
+            int8_check(values, scale)?;
+            Ok(LayerPayload::Dense(DenseValues::Int8 {
                 values: bytemuck::cast_slice::<u8, i8>(values).to_vec(),
                 scale,
             }))

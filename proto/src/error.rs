@@ -119,8 +119,11 @@ pub enum DecodeError {
         /// Position of the offending index in the payload.
         position: usize,
     },
-    /// A quantisation scale is NaN, infinite or negative.
-    #[error("layer {layer}: scale {scale} is not a finite non-negative number")]
+    /// A quantisation scale is NaN, infinite or negative, or so large that an int8 value times
+    /// it is not finite.
+    #[error(
+        "layer {layer}: scale {scale} is not finite and non-negative, or 127 times it overflows"
+    )]
     NonFiniteScale {
         /// Layer position.
         layer: usize,

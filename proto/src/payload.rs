@@ -6,7 +6,8 @@
 
 use half::{bf16, f16};
 
-/// Dense values of one layer, in one of three float precisions.
+/// Dense values of one layer: every element, in one of three float precisions or as int8 with
+/// one scale.
 #[derive(Debug, Clone, PartialEq)]
 pub enum DenseValues {
     /// Full precision.
@@ -15,6 +16,16 @@ pub enum DenseValues {
     F16(Vec<f16>),
     /// bfloat16: f32's range at half the bytes.
     BF16(Vec<bf16>),
+    /// One byte per element: element `i` is `values[i] as f32 * scale`. Half of f16's bytes, for
+    /// values whose error budget is a layer-wide step rather than a relative one (model
+    /// snapshots). Values are within ±127, `scale` is finite and non-negative, and `127 · scale`
+    /// is finite, so every element is.
+    Int8 {
+        /// Quantised values.
+        values: Vec<i8>,
+        /// Dequantisation scale.
+        scale: f32,
+    },
 }
 
 impl DenseValues {
@@ -24,6 +35,7 @@ impl DenseValues {
             Self::F32(v) => v.len(),
             Self::F16(v) => v.len(),
             Self::BF16(v) => v.len(),
+            Self::Int8 { values, .. } => values.len(),
         }
     }
 
@@ -38,6 +50,7 @@ impl DenseValues {
             Self::F32(v) => v.get(i).copied(),
             Self::F16(v) => v.get(i).map(|x| x.to_f32()),
             Self::BF16(v) => v.get(i).map(|x| x.to_f32()),
+            Self::Int8 { values, scale } => values.get(i).map(|&q| f32::from(q) * scale),
         }
     }
 }
@@ -54,9 +67,9 @@ pub struct TopK {
     pub len: u32,
     /// Flat positions of the kept entries, strictly increasing.
     pub indices: Vec<u32>,
-    /// Quantised values, one per index.
+    /// Quantised values, one per index, within ±127.
     pub values: Vec<i8>,
-    /// Dequantisation scale: finite and non-negative.
+    /// Dequantisation scale: finite and non-negative, with `127 · scale` finite.
     pub scale: f32,
 }
 
@@ -77,7 +90,7 @@ pub struct SignBits {
 /// One layer of an outcome packet body.
 #[derive(Debug, Clone, PartialEq)]
 pub enum LayerPayload {
-    /// Every value, at f32, f16 or bf16.
+    /// Every value, at f32, f16 or bf16, or int8 with one scale.
     Dense(DenseValues),
     /// Sparse top-k with int8 values.
     TopK(TopK),

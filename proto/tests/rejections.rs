@@ -242,7 +242,7 @@ fn trailing_bytes_body() {
 fn malformed_enum_tag() {
     let good = sealed();
     let mut bytes = good.body_bytes.clone();
-    // Byte 1 is layer 0's payload tag (0 dense, 1 top-k, 2 sign).
+    // Byte 1 is layer 0's payload tag (0 dense, 1 top-k, 2 sign, 3 dense int8).
     assert_eq!(bytes[1], 2);
     bytes[1] = 9;
     let header = decode_header(&forge(good.header.into_header(), &bytes, &key(1))).unwrap();
@@ -264,6 +264,22 @@ fn shape_mismatch_dense() {
             layer: 1,
             expected: 4,
             found: 5
+        }
+    );
+}
+
+#[test]
+fn shape_mismatch_dense_int8() {
+    let three = DenseValues::Int8 {
+        values: vec![1, -1, 0],
+        scale: 0.5,
+    };
+    assert_eq!(
+        body_error(&with_layer(1, LayerPayload::Dense(three))),
+        DecodeError::ShapeMismatch {
+            layer: 1,
+            expected: 4,
+            found: 3
         }
     );
 }
@@ -370,6 +386,62 @@ fn non_finite_scale() {
             "{err:?}"
         );
     }
+    // Int8 payloads also refuse a finite scale that 127 steps of would overflow: every value a
+    // receiver dequantises must be finite.
+    for scale in [f32::NAN, f32::INFINITY, -1.0, f32::MAX, f32::MAX / 100.0] {
+        let err = body_error(&with_layer(2, topk(vec![1, 2], scale)));
+        assert!(
+            matches!(err, DecodeError::NonFiniteScale { layer: 2, .. }),
+            "{err:?}"
+        );
+        let d = DenseValues::Int8 {
+            values: vec![127, -127, 0, 1],
+            scale,
+        };
+        let err = body_error(&with_layer(1, LayerPayload::Dense(d)));
+        assert!(
+            matches!(err, DecodeError::NonFiniteScale { layer: 1, .. }),
+            "{err:?}"
+        );
+    }
+    let largest = f32::MAX / 127.5;
+    let d = DenseValues::Int8 {
+        values: vec![127, -127, 0, 1],
+        scale: largest,
+    };
+    let (header, bytes) = forged_packet(&with_layer(1, LayerPayload::Dense(d.clone())));
+    let body = decode_body(&header, &spec(), &bytes).unwrap();
+    assert_eq!(body.layers[1], LayerPayload::Dense(d));
+}
+
+#[test]
+fn int8_minus_128_is_refused() {
+    // No quantiser writes -128: values are symmetric, so 127 steps bound every one.
+    let detail = "int8 value -128 (values are within ±127)";
+    let t = LayerPayload::TopK(TopK {
+        len: 200,
+        indices: vec![1, 2],
+        values: vec![5, -128],
+        scale: 0.5,
+    });
+    assert_eq!(
+        body_error(&with_layer(2, t)),
+        DecodeError::Malformed {
+            part: Part::Layer(2),
+            detail
+        }
+    );
+    let d = DenseValues::Int8 {
+        values: vec![-128, 0, 1, 127],
+        scale: 0.5,
+    };
+    assert_eq!(
+        body_error(&with_layer(1, LayerPayload::Dense(d))),
+        DecodeError::Malformed {
+            part: Part::Layer(1),
+            detail
+        }
+    );
 }
 
 #[test]

@@ -25,6 +25,8 @@ fn dense(n: usize) -> impl Strategy<Value = LayerPayload> {
                 v.into_iter().map(bf16::from_f32).collect(),
             ))
         }),
+        (prop::collection::vec(-127i8..=127, n), 0f32..10.0)
+            .prop_map(|(values, scale)| LayerPayload::Dense(DenseValues::Int8 { values, scale })),
     ]
 }
 
@@ -35,7 +37,7 @@ fn topk(n: usize) -> impl Strategy<Value = LayerPayload> {
     )
         .prop_flat_map(move |(set, scale)| {
             let k = set.len();
-            prop::collection::vec(any::<i8>(), k).prop_map(move |values| {
+            prop::collection::vec(-127i8..=127, k).prop_map(move |values| {
                 LayerPayload::TopK(TopK {
                     len: n as u32,
                     indices: set.iter().copied().collect(),

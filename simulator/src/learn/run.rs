@@ -38,8 +38,6 @@
 
 use std::time::Instant;
 
-use half::f16;
-
 use kindred_distill::{
     Distiller, Embedder, Layout, UpdateRef, decode, pull, snapshot, snapshot_partner, synthesize,
 };
@@ -937,10 +935,8 @@ fn average_models(
                     *attack,
                     node_word(cfg.seed, 0x5BAD, round, i),
                 );
-                // An attacker sends whatever the format carries: f16's largest values at most.
-                let max = f32::from(f16::MAX);
                 for ((x, o), c) in model.iter_mut().zip(origin).zip(&cumulative) {
-                    *x = o + c.clamp(-max, max);
+                    *x = o + c;
                 }
             }
             let body = snapshot(&model, origin, spec)?;
@@ -1221,9 +1217,9 @@ mod tests {
                 .iter()
                 .all(|s| s.snapshot_bytes_per_node == 0.0)
         );
-        // Every other round (1 and 3), each node that merged somebody fetches one dense f16
-        // model: 2 bytes per parameter plus framing, a header and the request.
-        let model = 2.0 * r.params as f64;
+        // Every other round (1 and 3), each node that merged somebody fetches one dense int8
+        // model: 1 byte per parameter plus framing, a header and the request.
+        let model = r.params as f64;
         for s in &snap.rounds {
             if s.round % 2 == 1 {
                 // At most one fetch per node, and most nodes merged somebody.
