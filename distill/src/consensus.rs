@@ -154,8 +154,8 @@ fn check_len(expected: usize, found: usize) -> Result<(), ConsensusError> {
 ///
 /// Why int8: a pull moves halfway toward the snapshot, so its error enters the model at half
 /// of one quantisation step per layer, well under the minibatch noise of a round; f16 costs
-/// twice the bytes for no accuracy (`kindred-sim learn --setting iid|label|rotation --seeds
-/// 1-3`, BENCHMARKS.md "Int8 snapshots").
+/// twice the bytes for no accuracy (`kindred-sim learn --setting iid|label|rotation --seed
+/// 1|2|3`, BENCHMARKS.md "Int8 snapshots").
 ///
 /// # Errors
 /// [`ConsensusError`] when lengths differ from `spec`, or a value is not finite.
