@@ -28,6 +28,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+use kindred_kernels::{Backend, Kernels, QuantizeError, Rounding};
 use kindred_proto::{DenseValues, LayerPayload, ModelSpec, PacketBody};
 
 use crate::layout::Layout;
@@ -150,7 +151,8 @@ fn check_len(expected: usize, found: usize) -> Result<(), ConsensusError> {
 }
 
 /// The model `params` as a packet body: its cumulative update `params − origin`, one dense int8
-/// layer per layer of `spec`, each with the scale `max |value| / 127`.
+/// layer per layer of `spec`, each with the scale `max |value| / 127` (`Kernels::quantize_i8`,
+/// round to nearest).
 ///
 /// Why int8: a pull moves halfway toward the snapshot, so its error enters the model at half
 /// of one quantisation step per layer, well under the minibatch noise of a round; f16 costs
@@ -167,6 +169,10 @@ pub fn snapshot(
     let layout = Layout::new(spec);
     check_len(layout.len(), params.len())?;
     check_len(layout.len(), origin.len())?;
+    // The distiller's own int8 quantiser (`Kernels::quantize_i8`: max |x| / 127, vectorised,
+    // refuses non-finite input, keeps 127 · scale finite as receivers require).
+    let backend = Backend::cpu();
+    let mut diff = Vec::new();
     let mut layers = Vec::with_capacity(layout.layers());
     for range in layout.ranges() {
         let start = range.start;
@@ -176,28 +182,21 @@ pub fn snapshot(
                 found: params.len(),
             });
         };
-        // Pass 1: the largest magnitude, and the first non-finite difference if any.
-        let mut max = 0f32;
-        for (k, (x, o)) in p.iter().zip(o).enumerate() {
-            let d = (x - o).abs();
-            if !d.is_finite() {
-                return Err(ConsensusError::NonFinite { index: start + k });
-            }
-            max = max.max(d);
-        }
-        // Pass 2: quantise to ±127 with `127 · scale = max` finite, as receivers require; a
-        // scale that underflows to zero sends zeros.
-        let scale = max / 127.0;
-        let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
-        let values = p
-            .iter()
-            .zip(o)
-            .map(|(x, o)| {
-                let v = ((x - o) * inv).clamp(-127.0, 127.0);
-                // Round half away from zero; the float-to-int cast saturates and never panics.
-                (v + 0.5f32.copysign(v)) as i8
-            })
-            .collect();
+        diff.clear();
+        diff.extend(p.iter().zip(o).map(|(x, o)| x - o));
+        let mut values = vec![0i8; diff.len()];
+        let scale = backend
+            .quantize_i8(&diff, Rounding::Nearest, &mut values)
+            .map_err(|e| match e {
+                QuantizeError::NonFinite { index, .. } => ConsensusError::NonFinite {
+                    index: start + index,
+                },
+                // Same lengths by construction; reported as such if that ever changes.
+                _ => ConsensusError::Length {
+                    expected: diff.len(),
+                    found: values.len(),
+                },
+            })?;
         layers.push(LayerPayload::Dense(DenseValues::Int8 { values, scale }));
     }
     Ok(PacketBody { layers })

@@ -80,9 +80,12 @@ fn decode_layer(
                 DenseValues::BF16(v) => dst.iter_mut().zip(v).for_each(|(d, h)| *d = h.to_f32()),
                 DenseValues::Int8 { values, scale } => {
                     scale_ok(*scale)?;
-                    dst.iter_mut()
-                        .zip(values)
-                        .for_each(|(d, &q)| *d = f32::from(q) * scale);
+                    backend
+                        .dequantize_i8(values, *scale, dst)
+                        .map_err(|_| DecodeError::Scale {
+                            layer,
+                            scale: *scale,
+                        })?;
                 }
             }
             if let Some(index) = dst.iter().position(|v| !v.is_finite()) {
