@@ -134,12 +134,32 @@ fn check_finite(values: &[f32]) -> Result<(), ConsensusError> {
 /// assert_eq!(snapshot_partner::<&str>(&[], 7), None);
 /// ```
 pub fn snapshot_partner<T: Copy>(by_agreement: &[T], word: u64) -> Option<T> {
-    let half = by_agreement.len().div_ceil(2) as u64;
-    if half == 0 {
-        return None;
-    }
-    // `word % half` is within the slice; `get` keeps that free of indexing.
-    by_agreement.get((word % half) as usize).copied()
+    snapshot_partners(by_agreement, word).next()
+}
+
+/// The partners to ask for a snapshot, in turn: [`snapshot_partner`]'s pick first, then the
+/// rest of the better-agreeing half after it (wrapping round), each once.
+///
+/// Why: a pick can have nothing to serve (a partner that has not finished a round yet, or one
+/// that refuses, or sends a stale or invalid snapshot); the next of the same half is as good a
+/// choice, so a node asks it while the round's deadline allows rather than skip the pull.
+///
+/// ```
+/// use kindred_distill::{snapshot_partner, snapshot_partners};
+/// let partners = ["a", "b", "c", "d", "e"];
+/// let order: Vec<_> = snapshot_partners(&partners, 4).collect();
+/// assert_eq!(order, ["b", "c", "a"]);
+/// assert_eq!(snapshot_partner(&partners, 4), Some("b"));
+/// assert_eq!(snapshot_partners::<&str>(&[], 7).count(), 0);
+/// ```
+pub fn snapshot_partners<T: Copy>(by_agreement: &[T], word: u64) -> impl Iterator<Item = T> + '_ {
+    let half = by_agreement.len().div_ceil(2);
+    let first = match half {
+        0 => 0,
+        h => (word % h as u64) as usize,
+    };
+    // `(first + k) % half` is within the slice; `get` keeps that free of indexing.
+    (0..half).filter_map(move |k| by_agreement.get((first + k) % half).copied())
 }
 
 fn check_len(expected: usize, found: usize) -> Result<(), ConsensusError> {
@@ -416,6 +436,21 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn snapshot_partners_are_the_better_half_each_once_starting_at_the_pick(
+            n in 0usize..40,
+            word in any::<u64>(),
+        ) {
+            let partners: Vec<usize> = (0..n).collect();
+            let order: Vec<usize> = snapshot_partners(&partners, word).collect();
+            let half = n.div_ceil(2);
+            prop_assert_eq!(order.len(), half);
+            prop_assert_eq!(order.first().copied(), snapshot_partner(&partners, word));
+            let mut sorted = order.clone();
+            sorted.sort_unstable();
+            prop_assert_eq!(sorted, (0..half).collect::<Vec<_>>());
+        }
+
         #[test]
         fn a_pull_never_overshoots_the_partner_nor_the_clip(
             mine in prop::collection::vec(-10.0f32..10.0, 1..32),

@@ -55,7 +55,9 @@ mod policy;
 mod state;
 mod synth;
 
-pub use consensus::{ConsensusError, Pull, PullConfig, pull, snapshot, snapshot_partner};
+pub use consensus::{
+    ConsensusError, Pull, PullConfig, pull, snapshot, snapshot_partner, snapshot_partners,
+};
 pub use decode::decode;
 pub use distiller::{Distilled, Distiller, LayerReport, Report};
 pub use embed::{Embedded, Embedder, EmbeddingConfig};

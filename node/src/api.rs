@@ -62,13 +62,17 @@ pub struct RoundRecord {
 /// What a round's snapshot pull did.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SnapshotRecord {
-    /// The partner whose snapshot was fetched.
+    /// The partner whose snapshot was fetched (or, if none was, the last one asked).
     pub from: String,
     /// `pulled`, `clipped` (pulled, the step cut to its limit), or why not: `not_found`,
     /// `refused`, `invalid`, `stale`, `unusable`, `deadline`, `failed`, `stopped`.
     pub outcome: String,
     /// Norm of the step taken over the norm of the round's merged update (before the pull).
     pub step_ratio: Option<f64>,
+    /// Partners asked this round, `from` the last of them: a partner with no usable snapshot is
+    /// followed by the next of the better-agreeing half (at most [`crate::run::SNAPSHOT_TRIES`]).
+    #[serde(default)]
+    pub tries: u32,
 }
 
 /// What `/v1/status` returns.

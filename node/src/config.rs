@@ -174,8 +174,9 @@ pub struct NodeConfig {
     /// and follows the partners it found in between (1: search every round).
     pub discovery_every: u64,
     /// Every this many rounds (0: never) a node fetches the model snapshot of one partner it
-    /// merged that round, picked at random from the half whose updates agree most with its own,
-    /// and moves `snapshot_share` of the way toward it. Merging updates alone lets the models of
+    /// merged that round, picked at random from the half whose updates agree most with its own
+    /// (the next of that half when one has none to give, at most
+    /// [`crate::run::SNAPSHOT_TRIES`] asked), and moves `snapshot_share` of the way toward it. Merging updates alone lets the models of
     /// nodes with the same data drift apart; this pulls them back together, for one dense int8
     /// model (one byte per parameter) fetched per pull. With 0 the merge's cosine gate also
     /// stays at 0 instead of following the peers' noise level

@@ -490,12 +490,13 @@ impl Engine {
     }
 
     /// Which of this round's merge `partners` (best agreement first, as
-    /// [`MergeReport::partners`]) to fetch a snapshot from: one at random of the better-agreeing
-    /// half (`kindred_distill::snapshot_partner`), the same for a given node and round.
-    pub fn snapshot_partner(&self, round: u64, partners: &[PeerId]) -> Option<PeerId> {
+    /// [`MergeReport::partners`]) to ask for a snapshot, in turn: one at random of the
+    /// better-agreeing half first, then the rest of that half
+    /// (`kindred_distill::snapshot_partners`), the same order for a given node and round.
+    pub fn snapshot_partners(&self, round: u64, partners: &[PeerId]) -> Vec<PeerId> {
         use rand::Rng;
         let mut rng = StdRng::seed_from_u64(seed_of(&self.peer_id) ^ round.rotate_left(29));
-        kindred_distill::snapshot_partner(partners, rng.random())
+        kindred_distill::snapshot_partners(partners, rng.random()).collect()
     }
 
     /// Move the model toward a partner's verified snapshot (`kindred_distill::pull`): `config`'s
@@ -759,7 +760,7 @@ mod tests {
         assert_eq!(report.partners, vec![ids[0], ids[1]]);
         assert_eq!(report.rejected, vec![(ids[2], "cosine")]);
         for round in 0..16 {
-            assert_eq!(own.snapshot_partner(round, &report.partners), Some(ids[0]));
+            assert_eq!(own.snapshot_partners(round, &report.partners), vec![ids[0]]);
         }
     }
 }

@@ -9,7 +9,7 @@
 //! | 0 | train (or take the external trainer's update), distill, seal, store, announce |
 //! | [`LOOKUP_AT`] × T | look up partners (search the DHT in discovery rounds, otherwise ask the followed partners, see [`Follower`]); the lookup's deadline is [`LOOKUP_BUDGET`] × T |
 //! | when it returns | verify, synthesize, apply, seal the model snapshot peers may fetch |
-//! | then, every `snapshot_every` rounds | fetch one merged partner's snapshot and pull toward it (deadline [`SNAPSHOT_DEADLINE`] × T) |
+//! | then, every `snapshot_every` rounds | fetch a merged partner's snapshot and pull toward it, the next partner if one has none (deadline [`SNAPSHOT_DEADLINE`] × T) |
 //! | then | evaluate, checkpoint, report |
 //!
 //! A slow or silent peer costs at most the lookup deadline: whatever was found by then is merged.
@@ -21,7 +21,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
-use kindred_distill::PullConfig;
+use kindred_distill::{Pull, PullConfig};
 use kindred_proto::PacketId;
 use kindred_routing::{
     Follower, NetworkId, PacketStore, PartnerQuery, RoundPlan, RoutingConfig, RoutingHandle,
@@ -457,6 +457,7 @@ async fn run_round(
         bytes_out = packet_bytes,
         lookup_ms,
         snapshot = snapshot.as_ref().map(|s| s.outcome.as_str()).unwrap_or("-"),
+        snapshot_tries = snapshot.as_ref().map_or(0, |s| s.tries),
         "round done"
     );
     shared.set_status(|s| {
@@ -508,7 +509,7 @@ fn first_snapshot(engine: &Engine, config: &mut NodeConfig, slot: &SnapshotSlot)
 }
 
 /// After the merge: seal the model snapshot peers fetch this round, and in a snapshot round
-/// (`snapshot_every`) fetch one merged partner's and pull toward it, giving up
+/// (`snapshot_every`) pull toward a merged partner's ([`pull_in_turn`]), giving up
 /// [`SNAPSHOT_DEADLINE`] into the round that ends at `round_end_ms`. Returns what the pull did,
 /// `None` outside snapshot rounds or without a partner.
 async fn exchange_snapshots(
@@ -536,49 +537,89 @@ async fn exchange_snapshots(
     if !(round + 1).is_multiple_of(every) {
         return None;
     }
-    let partner = engine.snapshot_partner(round, &report.partners)?;
+    let candidates = engine.snapshot_partners(round, &report.partners);
     let round_ms = ctx.config.round_secs * 1000.0;
     let deadline_ms = round_end_ms.saturating_sub(((1.0 - SNAPSHOT_DEADLINE) * round_ms) as u64);
-    let budget = Duration::from_millis(deadline_ms.saturating_sub(now_ms()));
+    let deadline =
+        tokio::time::Instant::now() + Duration::from_millis(deadline_ms.saturating_sub(now_ms()));
     // A partner still merging serves its previous round's model: one round old is accepted.
     let oldest = round.saturating_sub(1);
-    let fetched = tokio::time::timeout(
-        budget,
-        ctx.routing
-            .fetch_snapshot(partner, engine.spec().clone(), oldest),
-    )
-    .await;
+    let spec = engine.spec().clone();
     let pull_config = PullConfig {
         share: ctx.config.snapshot_share,
         ..PullConfig::default()
     };
     let reference = report.merged_norm();
-    let (outcome, step_ratio) = match fetched {
-        Ok(Ok(snapshot)) => {
-            match tokio::task::block_in_place(|| {
-                engine.pull_toward(&snapshot, report, &pull_config)
-            }) {
-                Ok(p) => (
-                    if p.clipped { "clipped" } else { "pulled" }.to_string(),
-                    Some(p.step_norm / reference.max(f64::MIN_POSITIVE)),
-                ),
-                Err(e) => {
-                    tracing::warn!(round, %partner, error = %e, "partner snapshot not usable");
-                    ("unusable".to_string(), None)
+    pull_in_turn(
+        round,
+        &candidates,
+        deadline,
+        reference,
+        |partner| ctx.routing.fetch_snapshot(partner, spec.clone(), oldest),
+        |snapshot| {
+            tokio::task::block_in_place(|| engine.pull_toward(&snapshot, report, &pull_config))
+        },
+    )
+    .await
+}
+
+/// Partners asked for a snapshot in one round, at most: the pick and two more of the
+/// better-agreeing half, so a round's snapshot requests stay bounded whatever the half's size.
+pub const SNAPSHOT_TRIES: usize = 3;
+
+/// Ask `candidates` in turn (`Engine::snapshot_partners`) for a snapshot until one is fetched
+/// and `pull` takes it, at most [`SNAPSHOT_TRIES`] of them, all before `deadline`.
+///
+/// A partner with nothing usable to give (`not_found`: it has not finished a round yet;
+/// `refused`, `stale`, `invalid`, `unusable`, `failed`) is followed by the next, which is as good
+/// a pick; the deadline, or a stopped routing task, ends the round's pull. The record names the
+/// last partner asked and what came of it; `None` without candidates. `reference` is the norm
+/// of the round's merged update, the step ratio's denominator.
+async fn pull_in_turn<S, E, Fut>(
+    round: u64,
+    candidates: &[PeerId],
+    deadline: tokio::time::Instant,
+    reference: f64,
+    mut fetch: impl FnMut(PeerId) -> Fut,
+    mut pull: impl FnMut(S) -> Result<Pull, E>,
+) -> Option<SnapshotRecord>
+where
+    Fut: std::future::Future<Output = Result<S, SnapshotError>>,
+    E: std::fmt::Display,
+{
+    let mut record = None;
+    for (tries, &partner) in (1u32..).zip(candidates.iter().take(SNAPSHOT_TRIES)) {
+        let (outcome, step_ratio, last) =
+            match tokio::time::timeout_at(deadline, fetch(partner)).await {
+                Ok(Ok(snapshot)) => match pull(snapshot) {
+                    Ok(p) => (
+                        if p.clipped { "clipped" } else { "pulled" },
+                        Some(p.step_norm / reference.max(f64::MIN_POSITIVE)),
+                        true,
+                    ),
+                    Err(e) => {
+                        tracing::warn!(round, %partner, error = %e, "partner snapshot not usable");
+                        ("unusable", None, false)
+                    }
+                },
+                Ok(Err(SnapshotError::Stopped)) => ("stopped", None, true),
+                Ok(Err(e)) => {
+                    tracing::debug!(round, %partner, error = %e, "no partner snapshot");
+                    (snapshot_error_label(&e), None, false)
                 }
-            }
+                Err(_) => ("deadline", None, true),
+            };
+        record = Some(SnapshotRecord {
+            from: partner.to_string(),
+            outcome: outcome.to_string(),
+            step_ratio,
+            tries,
+        });
+        if last {
+            break;
         }
-        Ok(Err(e)) => {
-            tracing::debug!(round, %partner, error = %e, "no partner snapshot");
-            (snapshot_error_label(&e).to_string(), None)
-        }
-        Err(_) => ("deadline".to_string(), None),
-    };
-    Some(SnapshotRecord {
-        from: partner.to_string(),
-        outcome,
-        step_ratio,
-    })
+    }
+    record
 }
 
 /// A short, stable label for a failed snapshot fetch (metrics and the round record).
@@ -618,5 +659,107 @@ fn raise_open_file_limit(config: &RoutingConfig) {
              limit (ulimit -Hn, or LimitNOFILE for a service) or connections will fail at scale"
         ),
         Err(error) => tracing::warn!(%error, wanted, "could not raise the open-file limit"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a fake partner answers, and whether the pull takes it.
+    #[derive(Clone, Copy)]
+    enum Answer {
+        Snapshot,
+        Unusable,
+        Error(fn() -> SnapshotError),
+        Hang,
+    }
+
+    /// Runs [`pull_in_turn`] over partners answering `answers` in order; returns the record and
+    /// the partners asked.
+    async fn run(answers: &[Answer]) -> (Option<SnapshotRecord>, Vec<usize>) {
+        let peers: Vec<PeerId> = answers.iter().map(|_| PeerId::random()).collect();
+        let answer_of = |p: PeerId| peers.iter().position(|&q| q == p).unwrap_or(usize::MAX);
+        let asked = std::cell::RefCell::new(Vec::new());
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(200);
+        let record = pull_in_turn(
+            7,
+            &peers,
+            deadline,
+            2.0,
+            |p| {
+                let k = answer_of(p);
+                asked.borrow_mut().push(k);
+                let answer = answers.get(k).copied();
+                async move {
+                    match answer {
+                        Some(Answer::Snapshot | Answer::Unusable) => Ok(answer),
+                        Some(Answer::Error(e)) => Err(e()),
+                        Some(Answer::Hang) | None => std::future::pending().await,
+                    }
+                }
+            },
+            |answer| match answer {
+                Some(Answer::Snapshot) => Ok(Pull {
+                    step_norm: 1.0,
+                    wanted_norm: 1.0,
+                    clipped: false,
+                }),
+                _ => Err("layers do not fit the model"),
+            },
+        )
+        .await;
+        let asked = asked.into_inner();
+        if let Some(r) = &record {
+            let last = asked.last().and_then(|&k| peers.get(k));
+            assert_eq!(Some(r.from.clone()), last.map(ToString::to_string));
+            assert_eq!(r.tries as usize, asked.len());
+        }
+        (record, asked)
+    }
+
+    fn outcome(r: &Option<SnapshotRecord>) -> &str {
+        r.as_ref().map_or("none", |r| r.outcome.as_str())
+    }
+
+    #[tokio::test]
+    async fn a_partner_without_a_snapshot_is_followed_by_the_next() {
+        let (r, asked) = run(&[
+            Answer::Error(|| SnapshotError::NotFound),
+            Answer::Unusable,
+            Answer::Snapshot,
+            Answer::Snapshot,
+        ])
+        .await;
+        assert_eq!(outcome(&r), "pulled");
+        assert_eq!(asked, vec![0, 1, 2]);
+        assert_eq!(r.and_then(|r| r.step_ratio), Some(0.5));
+    }
+
+    #[tokio::test]
+    async fn at_most_three_partners_are_asked_in_a_round() {
+        let (r, asked) = run(&[
+            Answer::Error(|| SnapshotError::NotFound),
+            Answer::Error(|| SnapshotError::Refused),
+            Answer::Error(|| SnapshotError::Stale {
+                found: 3,
+                oldest: 6,
+            }),
+            Answer::Snapshot,
+        ])
+        .await;
+        assert_eq!(SNAPSHOT_TRIES, 3);
+        assert_eq!(outcome(&r), "stale");
+        assert_eq!(asked, vec![0, 1, 2]);
+    }
+
+    #[tokio::test]
+    async fn the_deadline_or_a_stopped_driver_ends_the_pull() {
+        let (r, asked) = run(&[Answer::Hang, Answer::Snapshot]).await;
+        assert_eq!((outcome(&r), asked), ("deadline", vec![0]));
+        let (r, asked) = run(&[Answer::Error(|| SnapshotError::Stopped), Answer::Snapshot]).await;
+        assert_eq!((outcome(&r), asked), ("stopped", vec![0]));
+        let (r, asked) = run(&[]).await;
+        assert_eq!((outcome(&r), asked), ("none", vec![]));
     }
 }
