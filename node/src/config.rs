@@ -176,9 +176,9 @@ pub struct NodeConfig {
     /// Every this many rounds (0: never) a node fetches the model snapshot of one partner it
     /// merged that round, picked at random from the half whose updates agree most with its own
     /// (the next of that half when one has none to give, at most
-    /// [`crate::run::SNAPSHOT_TRIES`] asked), and moves `snapshot_share` of the way toward it. Merging updates alone lets the models of
-    /// nodes with the same data drift apart; this pulls them back together, for one dense int8
-    /// model (one byte per parameter) fetched per pull. With 0 the merge's cosine gate also
+    /// [`crate::run::SNAPSHOT_TRIES`] asked), and moves `snapshot_share` of the way toward it.
+    /// Merging updates alone lets the models of nodes with the same data drift apart; this pulls
+    /// them back together, for one dense int8 model (one byte per parameter) fetched per pull. With 0 the merge's cosine gate also
     /// stays at 0 instead of following the peers' noise level
     /// (`kindred_distill::SynthConfig::for_node`).
     pub snapshot_every: u64,
