@@ -505,7 +505,9 @@ impl Engine {
     ///
     /// # Errors
     /// [`EngineError::Distill`] when the snapshot's layers do not fit the model,
-    /// [`EngineError::Snapshot`] when a value is not finite; nothing changes then.
+    /// [`EngineError::Snapshot`] when a value is not finite, [`EngineError::Model`] when the
+    /// built-in model cannot take the pulled parameters; nothing changes then, so the node can
+    /// try another partner's snapshot (`run::pull_in_turn`).
     pub fn pull_toward(
         &mut self,
         partner: &OutcomePacket,
@@ -515,14 +517,21 @@ impl Engine {
         let cumulative =
             decode(&partner.body, &self.spec).map_err(|e| EngineError::Distill(e.to_string()))?;
         let reference = report.merged_norm();
-        let before = self.base.clone();
-        let done = pull(&mut self.base, &self.origin, &cumulative, reference, config)?;
-        if let Source::Builtin(b) = &mut self.source {
-            b.model.set_params(&self.base)?;
+        let mut pulled = self.base.clone();
+        let done = pull(&mut pulled, &self.origin, &cumulative, reference, config)?;
+        if let Source::Builtin(b) = &mut self.source
+            && let Err(e) = b.model.set_params(&pulled)
+        {
+            // A failure part-way may have set some layers: put the model back as it was.
+            if let Err(restore) = b.model.set_params(&self.base) {
+                tracing::error!(error = %restore, "cannot restore the model after a failed pull");
+            }
+            return Err(e.into());
         }
-        for ((m, after), before) in report.merged.iter_mut().zip(&self.base).zip(&before) {
+        for ((m, after), before) in report.merged.iter_mut().zip(&pulled).zip(&self.base) {
             *m += after - before;
         }
+        self.base = pulled;
         Ok(done)
     }
 
