@@ -16,6 +16,8 @@
 //! - [`snapshot`] and [`pull`]: a model as a dense f16 body, and the gossip-averaging step that
 //!   moves a node part of the way toward a partner's model (merging updates alone lets models
 //!   drift apart).
+//! - [`check_aggregate`]: what a member of a hub exchange checks before applying the merged
+//!   update its hub sent back.
 //! - [`DistillerState`]: what the node persists so a crash loses nothing.
 //!
 //! An **update** is always one flat `&[f32]` holding every layer of the
@@ -45,6 +47,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod aggregate;
 mod consensus;
 mod decode;
 mod distiller;
@@ -55,6 +58,7 @@ mod policy;
 mod state;
 mod synth;
 
+pub use aggregate::{AggregateCheck, AggregateRejection, check_adoption, check_aggregate};
 pub use consensus::{
     ConsensusError, Pull, PullConfig, pull, snapshot, snapshot_partner, snapshot_partners,
 };

@@ -37,6 +37,7 @@
 mod addr_book;
 pub mod behaviour;
 pub mod codec;
+pub mod cohort;
 pub mod config;
 pub mod core;
 pub mod discovery;
@@ -53,6 +54,7 @@ pub mod snapshot;
 pub mod store;
 pub mod transport;
 
+pub use cohort::{Cohort, HUB_STRIKES, hub_rank};
 pub use config::{
     ConnectionConfig, CoreConfig, CosineGate, KadConfig, KadMode, LookupConfig, RoutingConfig,
     TransportConfig, TransportKind,

@@ -40,7 +40,8 @@ pub(crate) struct LearnArgs {
     /// Task clusters (ignored for iid).
     #[arg(long, default_value_t = 4)]
     pub(crate) clusters: usize,
-    /// Policies to compare: kindred, gossip, allreduce, local, oracle, or a row of
+    /// Policies to compare: kindred, kindred-hub (the hub exchange), gossip, allreduce, local,
+    /// oracle, or a row of
     /// `kindred-sim experiment` (topk8+allreduce, sign+allreduce, selective+allreduce,
     /// selective+gossip4, kindred-no-snapshots).
     #[arg(
@@ -74,6 +75,12 @@ pub(crate) struct LearnArgs {
     /// cosine) are neither fetched nor followed (default: kindred-routing's 4).
     #[arg(long)]
     pub(crate) max_distance_ratio: Option<f32>,
+    /// Band keys a kindred-hub node searches while it knows nobody (default 4).
+    #[arg(long)]
+    pub(crate) hub_bands: Option<u16>,
+    /// Bits per band of those keys (default 8).
+    #[arg(long)]
+    pub(crate) hub_band_bits: Option<u8>,
     /// Honest nodes tracked every round (all are evaluated at the end).
     #[arg(long, default_value_t = 64)]
     pub(crate) eval_nodes: usize,
@@ -140,6 +147,15 @@ impl LearnArgs {
             );
             c.gate.max_distance_ratio = r;
         }
+        if self.hub_bands.is_some() || self.hub_band_bits.is_some() {
+            let keys = kindred_routing::KeyConfig::new(
+                self.hub_bands
+                    .unwrap_or(u16::try_from(c.hub.keys.bands()).unwrap_or(u16::MAX)),
+                self.hub_band_bits
+                    .unwrap_or(u8::try_from(c.hub.keys.band_bits()).unwrap_or(u8::MAX)),
+            )?;
+            c.hub.keys = keys;
+        }
         c.eval_nodes = self.eval_nodes;
         c.eval_examples = self.eval_examples;
         c.policies = self
@@ -147,6 +163,7 @@ impl LearnArgs {
             .iter()
             .map(|p| match p.as_str() {
                 "kindred" => Ok(PolicySpec::kindred()),
+                "kindred-hub" => Ok(PolicySpec::kindred_hub()),
                 "gossip" => Ok(PolicySpec::gossip(c.top_m)),
                 "allreduce" => Ok(PolicySpec::allreduce()),
                 "local" => Ok(PolicySpec::local()),
@@ -163,7 +180,7 @@ impl LearnArgs {
                     .find(|row| row.name == other)
                     .ok_or_else(|| {
                         anyhow::anyhow!(
-                            "unknown policy {other:?} (kindred, gossip, allreduce, local, oracle, \
+                            "unknown policy {other:?} (kindred, kindred-hub, gossip, allreduce, local, oracle, \
                              topk8+allreduce, sign+allreduce, selective+allreduce, \
                              selective+gossip4, kindred-no-snapshots)"
                         )

@@ -1,8 +1,8 @@
 //! What a learning run does: data setting, policies, training, evaluation, hostile nodes.
 
-use kindred_distill::{EmbeddingConfig, Policy, PullConfig, SynthConfig};
+use kindred_distill::{AggregateCheck, EmbeddingConfig, Policy, PullConfig, SynthConfig};
 use kindred_node::trainer::{Arch, Task, TrainConfig};
-use kindred_routing::{CosineGate, Discovery};
+use kindred_routing::{CosineGate, Discovery, KeyConfig};
 
 /// How tasks differ between nodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,6 +66,11 @@ pub enum Partners {
     /// The top-m peers found through the routing model (band keys + multi-probe lookups),
     /// ranked by sketch cosine.
     Semantic,
+    /// The hub exchange (`kindred_routing::cohort`): a node finds a few peers of its task
+    /// through a cheap search ([`HubConfig`]), pushes its packet to the lowest-ranked peer of
+    /// its cohort, which merges every member's update it admits and sends the distilled merge
+    /// back; members learn each other from their hub's answers.
+    Hub,
 }
 
 /// What goes on the wire.
@@ -133,6 +138,18 @@ impl PolicySpec {
             },
             consensus: None,
             ..self
+        }
+    }
+
+    /// Kindred's packets and robust merge in the hub exchange ([`Partners::Hub`]): every member
+    /// of a cohort applies the merge its hub made of the cohort's updates.
+    pub fn kindred_hub() -> Self {
+        Self {
+            name: "kindred-hub".into(),
+            partners: Partners::Hub,
+            compression: Compression::Distill(Policy::default()),
+            merge: Merge::Robust(SynthConfig::for_node(true)),
+            consensus: None,
         }
     }
 
@@ -314,6 +331,37 @@ impl Default for Consensus {
     }
 }
 
+/// How nodes of the hub exchange ([`Partners::Hub`]) find their cohort and check their hub.
+///
+/// A node needs one peer of its task to join a cohort: the hub's answers list the rest. So it
+/// searches the DHT with a few band keys only, and only while it knows nobody.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HubConfig {
+    /// The band keys searched. Default 4 bands of 8 bits: a quarter of the keys the pairwise
+    /// exchange announces, each wide enough that most peers of the task share one.
+    pub keys: KeyConfig,
+    /// Multi-probe keys per search. Default 0.
+    pub probes: usize,
+    /// A node that knows nobody searches in round 0 and then every this many rounds. Default 5.
+    pub search_every: u64,
+    /// Most peers a node's cohort view holds. Default 1,024.
+    pub max_members: usize,
+    /// What a member checks before applying its hub's merge.
+    pub check: AggregateCheck,
+}
+
+impl Default for HubConfig {
+    fn default() -> Self {
+        Self {
+            keys: KeyConfig::new(4, 8).unwrap_or_default(),
+            probes: 0,
+            search_every: 5,
+            max_members: 1024,
+            check: AggregateCheck::default(),
+        }
+    }
+}
+
 /// Everything a learning run depends on.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LearnConfig {
@@ -359,6 +407,8 @@ pub struct LearnConfig {
     pub eval_nodes: usize,
     /// Hostile nodes, if any.
     pub hostile: Option<Hostile>,
+    /// The hub exchange's search and check ([`Partners::Hub`]).
+    pub hub: HubConfig,
 }
 
 impl LearnConfig {
@@ -388,6 +438,7 @@ impl LearnConfig {
             eval_examples: 500,
             eval_nodes: 64,
             hostile: None,
+            hub: HubConfig::default(),
         }
     }
 }

@@ -36,6 +36,8 @@
 //! searching in the same round, not every node that announced at the window's start. That
 //! undercounts what it finds, never what it costs.
 
+mod hub;
+
 use std::time::Instant;
 
 use kindred_distill::{
@@ -43,7 +45,7 @@ use kindred_distill::{
 };
 use kindred_node::trainer::{Examples, Mnist, Model, ModelError, Split};
 use kindred_proto::{Embedding, HeaderFields, ModelSpec, SIMHASH_BITS, SimHash, seal};
-use kindred_routing::{Follower, RoundPlan};
+use kindred_routing::{Cohort, Follower, RoundPlan};
 use libp2p_identity::ed25519;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -207,6 +209,13 @@ struct State {
     /// Per node, whether it searches and whom it follows between discovery rounds (semantic
     /// policy).
     follow: Vec<Follower<u32>>,
+    /// Per node, its cohort view, and the distiller of the merges it makes as a hub, and every
+    /// node's rank in the hub order (hub exchange).
+    cohorts: Vec<Cohort<u32>>,
+    hub_distillers: Vec<Distiller>,
+    ranks: Vec<u64>,
+    /// Per node, the hub whose model it adopted last (hub exchange).
+    joined: Vec<Option<u32>>,
     report: PolicyReport,
 }
 
@@ -225,6 +234,11 @@ struct Packed {
 #[derive(Default)]
 struct Merged {
     update: Vec<f32>,
+    /// Parameters the node adopts before adding `update` (hub exchange: the model of a hub it
+    /// joins).
+    adopt: Option<Vec<f32>>,
+    /// Bytes of the model snapshot behind `adopt`.
+    adopt_bytes: f64,
     /// The candidates the node's lookup ranked, `(peer, sketch cosine)` (semantic policy).
     ranked: Vec<(u32, f32)>,
     accepted: Vec<u32>,
@@ -348,6 +362,16 @@ pub fn run(cfg: &LearnConfig, progress: ProgressFn<'_>) -> Result<LearnReport, L
             .with_probes(cfg.probes)
             .with_refresh_shards(cfg.refresh_shards)
     });
+    let hub_overlay = cfg
+        .policies
+        .iter()
+        .any(|p| p.partners == Partners::Hub)
+        .then(|| {
+            Overlay::new(cfg.nodes, cfg.seed, spec.id())
+                .with_keys(cfg.hub.keys)
+                .with_probes(cfg.hub.probes)
+        });
+    let ranks = hub::ranks(&keys);
     let embedder = Embedder::new(cfg.embedding)?;
     let mut states: Vec<State> = cfg
         .policies
@@ -359,8 +383,29 @@ pub fn run(cfg: &LearnConfig, progress: ProgressFn<'_>) -> Result<LearnReport, L
                     .map(|_| Distiller::new(spec.clone(), policy.clone(), cfg.embedding))
                     .collect::<Result<_, _>>()?,
             };
+            let is_hub = p.partners == Partners::Hub;
+            let hub_distillers = match &p.compression {
+                Compression::Distill(policy) if is_hub => (0..cfg.nodes)
+                    .map(|_| Distiller::new(spec.clone(), policy.clone(), cfg.embedding))
+                    .collect::<Result<_, _>>()?,
+                _ => Vec::new(),
+            };
+            if is_hub && hub_distillers.is_empty() {
+                return Err(LearnError::Config(
+                    "the hub exchange needs distilled packets".into(),
+                ));
+            }
             Ok(State {
                 spec: p.clone(),
+                cohorts: (0..cfg.nodes)
+                    .map(|i| {
+                        let rank = ranks.get(i).copied().unwrap_or(u64::MAX);
+                        Cohort::new(i as u32, rank, cfg.hub.max_members)
+                    })
+                    .collect(),
+                hub_distillers,
+                ranks: ranks.clone(),
+                joined: vec![None; cfg.nodes],
                 origin: init_params.clone(),
                 params: vec![init_params.clone(); cfg.nodes],
                 distillers,
@@ -388,7 +433,10 @@ pub fn run(cfg: &LearnConfig, progress: ProgressFn<'_>) -> Result<LearnReport, L
                 &layout,
                 &keys,
                 &embedder,
-                overlay.as_ref(),
+                Overlays {
+                    semantic: overlay.as_ref(),
+                    hub: hub_overlay.as_ref(),
+                },
                 state,
                 round,
             )?;
@@ -510,10 +558,11 @@ fn step(
     layout: &Layout,
     keys: &[ed25519::Keypair],
     embedder: &Embedder,
-    overlay: Option<&Overlay>,
+    overlays: Overlays<'_>,
     state: &mut State,
     round: usize,
 ) -> Result<RoundStats, LearnError> {
+    let overlay = overlays.semantic;
     let n = cfg.nodes;
     let r64 = round as u64;
     // 1. Train.
@@ -561,7 +610,7 @@ fn step(
 
     // 2. Pack. Like the node, key on the cumulative update (this round's included): one
     // round's update is mostly minibatch noise once training converges.
-    let need_embedding = state.spec.partners == Partners::Semantic;
+    let need_embedding = matches!(state.spec.partners, Partners::Semantic | Partners::Hub);
     let (params, origin) = (&state.params, &state.origin);
     let cumulative = |i: usize, delta: &[f32]| -> Vec<f32> {
         params.get(i).map_or_else(Vec::new, |p| {
@@ -672,7 +721,28 @@ fn step(
         }
         _ => Vec::new(),
     };
+    let mut hub_round = match (state.spec.partners, overlays.hub) {
+        (Partners::Hub, Some(ov)) => {
+            let round = hub::Round {
+                packed: &packed,
+                sent: &sent,
+                samples: &samples,
+                losses: &losses,
+                spec,
+                round: r64,
+            };
+            let h = hub::exchange(cfg, data, keys, ov, state, &round)?;
+            dht_total = h.dht_bytes;
+            searches = h.searched;
+            Some(h.merged)
+        }
+        (Partners::Hub, None) => {
+            return Err(LearnError::Config("hub policy without overlay".into()));
+        }
+        _ => None,
+    };
     let mut merged: Vec<Merged> = match state.spec.partners {
+        Partners::Hub => hub_round.take().unwrap_or_default(),
         Partners::Local => own
             .iter()
             .map(|update| Merged {
@@ -705,6 +775,7 @@ fn step(
                         header_bytes: 0.0,
                         body_bytes: 2.0 * (size - 1.0) / size * payload,
                         ranked: Vec::new(),
+                        ..Merged::default()
                     }
                 })
                 .collect()
@@ -769,6 +840,9 @@ fn step(
         .par_iter_mut()
         .zip(merged.par_iter())
         .for_each(|(p, m)| {
+            if let Some(a) = &m.adopt {
+                p.clone_from(a);
+            }
             for (x, u) in p.iter_mut().zip(&m.update) {
                 *x += u;
             }
@@ -780,7 +854,7 @@ fn step(
         {
             average_models(cfg, data, spec, state, &merged, &packed, c, r64)?
         }
-        _ => (0.0, f64::NAN),
+        _ => (merged.iter().map(|m| m.adopt_bytes).sum::<f64>(), f64::NAN),
     };
     if !state.distillers.is_empty()
         && matches!(
@@ -1015,6 +1089,15 @@ fn group_means<'a>(
         .collect()
 }
 
+/// The routing models a round searches.
+#[derive(Clone, Copy)]
+struct Overlays<'a> {
+    /// The pairwise exchange's (every band key, probes).
+    semantic: Option<&'a Overlay>,
+    /// The hub exchange's ([`crate::learn::HubConfig::keys`]).
+    hub: Option<&'a Overlay>,
+}
+
 /// What every node put on the wire this round.
 struct Exchange<'p, 'a> {
     packed: &'p [Packed],
@@ -1094,6 +1177,7 @@ fn merge_with<'a>(
         header_bytes,
         body_bytes,
         ranked: Vec::new(),
+        ..Merged::default()
     })
 }
 
@@ -1104,6 +1188,15 @@ mod tests {
     use kindred_node::trainer::TrainConfig;
 
     fn quiet(_: &str, _: u64, _: u64) {}
+
+    /// A round's bytes are the sum of its parts.
+    fn assert_bytes_add_up(s: &RoundStats) {
+        let parts = s.dht_bytes_per_node
+            + s.header_bytes_per_node
+            + s.body_bytes_per_node
+            + s.snapshot_bytes_per_node;
+        assert!((s.bytes_per_node - parts).abs() < 1e-6, "round {}", s.round);
+    }
 
     fn small() -> LearnConfig {
         let mut c = LearnConfig::new(16, 3);
@@ -1234,15 +1327,7 @@ mod tests {
             } else {
                 assert_eq!(s.snapshot_bytes_per_node, 0.0);
             }
-            assert!(
-                (s.bytes_per_node
-                    - s.dht_bytes_per_node
-                    - s.header_bytes_per_node
-                    - s.body_bytes_per_node
-                    - s.snapshot_bytes_per_node)
-                    .abs()
-                    < 1e-6
-            );
+            assert_bytes_add_up(s);
         }
     }
 
@@ -1260,6 +1345,41 @@ mod tests {
         let a = format!("{:?}", strip(run(&cfg, &quiet).unwrap()));
         let b = format!("{:?}", strip(run(&cfg, &quiet).unwrap()));
         assert_eq!(a, b);
+    }
+
+    #[test]
+    fn hub_exchange_finds_one_hub_per_task_and_moves_two_updates_a_round() {
+        let mut cfg = small();
+        // Hubs search in rounds 0-2 and then every 5th: round 4 is a plain round.
+        cfg.rounds = 5;
+        cfg.train.steps = 12;
+        cfg.policies = vec![PolicySpec::kindred_hub(), PolicySpec::kindred()];
+        let r = run(&cfg, &quiet).unwrap();
+        let (hub, pairwise) = (&r.policies[0], &r.policies[1]);
+        // Members merge only with their own task, and each cohort holds one model: the nodes'
+        // accuracy is their consensus model's.
+        for s in &hub.rounds[2..] {
+            assert_eq!(s.purity, 1.0, "round {}", s.round);
+            assert!(s.partners > 2.0, "round {}: {}", s.round, s.partners);
+            assert_bytes_add_up(s);
+        }
+        assert!(
+            (hub.final_accuracy - hub.consensus_accuracy).abs() < 0.02,
+            "{} vs {}",
+            hub.final_accuracy,
+            hub.consensus_accuracy
+        );
+        // Once nobody searches, a round is a push and an answer: about two bodies and two
+        // headers per node, far below fetching a body per partner.
+        let last = hub.rounds.last().unwrap();
+        assert_eq!(last.dht_bytes_per_node, 0.0);
+        let two = 2.0 * (last.body_bytes + last.header_bytes + 95.0) + 2.0 * REQUEST_BYTES;
+        assert!(
+            last.bytes_per_node < 1.2 * two,
+            "{} vs {two}",
+            last.bytes_per_node
+        );
+        assert!(hub.bytes_per_node_round < 0.5 * pairwise.bytes_per_node_round);
     }
 
     #[test]

@@ -1,0 +1,530 @@
+//! The hub exchange of a learning run ([`Partners::Hub`]), as each virtual node would run it.
+//!
+//! Per round:
+//!
+//! 1. **Search**: a node that knows no peer of its cohort (all of them in round 0) announces and
+//!    looks up [`HubConfig::keys`] in the routing model ([`Overlay`]), asks every provider found
+//!    for its header, and learns the ones the cosine gate admits
+//!    ([`kindred_routing::Cohort::learn`]).
+//! 2. **Push**: each node pushes its packet (header and body) to its hub, the lowest-ranked
+//!    peer of its view ([`kindred_routing::Cohort::hub`]), or keeps it if that is itself.
+//! 3. **Merge**: a hub ranks the members that pushed by sketch cosine, refuses those the cosine
+//!    gate does not admit (another task), merges its own sent update with the admitted members'
+//!    (`kindred_distill::synthesize`), distills the merge with its own error feedback and sends
+//!    it back, with the peers of its view the member has not heard of. A hostile hub corrupts
+//!    its merge by its attack.
+//! 4. **Apply**: a member applies the merge if it passes `kindred_distill::check_aggregate`
+//!    against its own update and bans the hub otherwise; a refused member forgets the hub. A
+//!    node without a merge applies what it sent (its own update as its peers would have seen
+//!    it, so its error feedback stays exact).
+//!
+//! Bytes: a push is a request, the header and the body; an answer the merge's header and body
+//! and 95 bytes per peer listed (a `PeerId` and one address, as in a Kademlia answer), or a
+//! request-sized refusal.
+
+use kindred_distill::{UpdateRef, check_adoption, check_aggregate, decode, snapshot, synthesize};
+use kindred_node::trainer::Model;
+use kindred_proto::{HeaderFields, SIMHASH_BITS, SimHash, seal};
+use kindred_routing::Cohort;
+use libp2p_identity::ed25519;
+use rayon::prelude::*;
+
+use super::{Data, LearnError, Merged, Packed, REQUEST_BYTES, State, corrupt, node_word};
+use crate::learn::config::{LearnConfig, Merge};
+use crate::routing::overlay::{Overlay, Search};
+
+/// Bytes of one peer entry in a hub's answer.
+const PEER_ENTRY_BYTES: f64 = 95.0;
+
+/// Largest drop in accuracy on the node's own shard that it accepts to adopt a hub's model.
+/// A model of another task (a permuted or rotated one) scores far lower; one of its own task,
+/// trained on the whole cohort's data, about as well as the node's own, which fits its shard.
+const ADOPT_MAX_DROP: f32 = 0.25;
+
+/// Rounds from round 0 in which every node that is its own hub searches: cohorts found in
+/// round 0 are fragments, and a fragment's hub meets the others' members (whose headers name
+/// their hub) by searching again.
+const WARMUP_SEARCHES: u64 = 3;
+
+/// How far a hub's model may be from a joining member's, as a multiple of the member's
+/// cumulative update ([`check_adoption`]).
+const ADOPT_MAX_RATIO: f32 = 1.0;
+
+/// What a hub made of its members' pushes.
+struct HubMerge {
+    /// Members the cosine gate admitted: they receive the merge.
+    admitted: Vec<u32>,
+    /// Members whose updates are in the merge (accepted by the robust merge).
+    contributors: Vec<u32>,
+    rejected: usize,
+    /// The merge as members decode it (corrupted if the hub is hostile).
+    served: Vec<f32>,
+    /// The merge as the hub applies it.
+    own: Vec<f32>,
+    /// Header and body bytes of the answer.
+    header_bytes: f64,
+    body_bytes: f64,
+}
+
+/// What a round of the hub exchange did.
+pub(super) struct HubRound {
+    pub merged: Vec<Merged>,
+    pub dht_bytes: f64,
+    pub searched: usize,
+}
+
+/// Everything a round's packing produced that the exchange reads.
+pub(super) struct Round<'a, 'p> {
+    pub packed: &'p [Packed],
+    pub sent: &'p (dyn Fn(usize) -> &'a [f32] + Sync),
+    pub samples: &'p [u64],
+    pub losses: &'p [f32],
+    pub spec: &'p kindred_proto::ModelSpec,
+    pub round: u64,
+}
+
+/// The rank of every node in the hub order: `kindred_routing::hub_rank` of its `PeerId`.
+pub(super) fn ranks(keys: &[ed25519::Keypair]) -> Vec<u64> {
+    keys.iter()
+        .map(|k| {
+            let public = libp2p_identity::PublicKey::from(k.public());
+            kindred_routing::hub_rank(&public.to_peer_id().to_bytes())
+        })
+        .collect()
+}
+
+/// Run one round of the hub exchange for every node of `state`.
+pub(super) fn exchange(
+    cfg: &LearnConfig,
+    data: &Data,
+    keys: &[ed25519::Keypair],
+    overlay: &Overlay,
+    state: &mut State,
+    r: &Round<'_, '_>,
+) -> Result<HubRound, LearnError> {
+    let n = cfg.nodes;
+    let rank = |i: u32| state.ranks.get(i as usize).copied().unwrap_or(u64::MAX);
+    let cosine = |a: usize, b: u32| -> f32 {
+        match (r.packed.get(a), r.packed.get(b as usize)) {
+            (Some(x), Some(y)) => x.embedding.cosine(&y.embedding),
+            _ => f32::NEG_INFINITY,
+        }
+    };
+    // A header of the hub exchange also names its sender's hub: one peer entry more.
+    let header = |i: u32| {
+        PEER_ENTRY_BYTES
+            + r.packed
+                .get(i as usize)
+                .map_or(0.0, |p| p.header_bytes as f64)
+    };
+    let body = |i: u32| {
+        r.packed
+            .get(i as usize)
+            .map_or(0.0, |p| p.body_bytes as f64)
+    };
+
+    // 1. Search, by the nodes that are their own hub (which includes those that know nobody):
+    // two cohorts of one task that found no peer of each other merge when one's hub meets the
+    // other's.
+    let every = cfg.hub.search_every.max(1);
+    let searching: Vec<Search> = state
+        .cohorts
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            if c.hub() == i as u32 && (r.round < WARMUP_SEARCHES || r.round.is_multiple_of(every)) {
+                Search::Full
+            } else {
+                Search::Idle
+            }
+        })
+        .collect();
+    let searched = searching.iter().filter(|&&s| s != Search::Idle).count();
+    let (found, dht_bytes) = if searched > 0 {
+        let sigs: Vec<SimHash> = r.packed.iter().map(|p| p.embedding.simhash).collect();
+        let margins: Vec<[f32; SIMHASH_BITS]> = r.packed.iter().map(|p| p.margins).collect();
+        let o = overlay.round(r.round, &sigs, &margins, &searching)?;
+        (o.found, o.total_bytes as f64)
+    } else {
+        (Vec::new(), 0.0)
+    };
+    let max_providers = kindred_routing::LookupConfig::default().max_providers;
+    let previous_hub: Vec<u32> = state.cohorts.iter().map(Cohort::hub).collect();
+    let mut search_header_bytes = vec![0f64; n];
+    for (i, (view, found)) in state.cohorts.iter_mut().zip(&found).enumerate() {
+        let mut ranked: Vec<(f32, u32)> = found
+            .iter()
+            .filter(|&&c| c as usize != i)
+            .map(|&c| (cosine(i, c), c))
+            .collect();
+        ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        ranked.truncate(max_providers);
+        if let Some(b) = search_header_bytes.get_mut(i) {
+            *b = ranked.iter().map(|&(_, c)| REQUEST_BYTES + header(c)).sum();
+        }
+        cfg.gate.retain_admitted(&mut ranked, |x| x.0);
+        // A header names its sender's hub (as of the sender's last round): the node learns the
+        // peer and its hub.
+        view.learn(ranked.iter().flat_map(|&(_, c)| {
+            let hub = previous_hub.get(c as usize).copied().unwrap_or(c);
+            [(c, rank(c)), (hub, rank(hub))]
+        }));
+    }
+
+    // 2. Push to the hub.
+    let hub_of: Vec<u32> = state.cohorts.iter().map(Cohort::hub).collect();
+    let mut pushed: Vec<Vec<u32>> = vec![Vec::new(); n];
+    for (i, &h) in hub_of.iter().enumerate() {
+        if h as usize != i
+            && let Some(p) = pushed.get_mut(h as usize)
+        {
+            p.push(i as u32);
+        }
+    }
+
+    // 3. Merge at every hub somebody pushed to.
+    let spec = state.spec.clone();
+    let merges: Vec<Option<HubMerge>> = state
+        .hub_distillers
+        .par_iter_mut()
+        .zip(pushed.par_iter())
+        .enumerate()
+        .map(|(h, (distiller, members))| -> Result<_, LearnError> {
+            if members.is_empty() {
+                return Ok(None);
+            }
+            let mut admitted: Vec<(f32, u32)> =
+                members.iter().map(|&m| (cosine(h, m), m)).collect();
+            admitted.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+            cfg.gate.retain_admitted(&mut admitted, |x| x.0);
+            let admitted: Vec<u32> = admitted.into_iter().map(|x| x.1).collect();
+            if admitted.is_empty() {
+                return Ok(Some(HubMerge {
+                    admitted,
+                    contributors: Vec::new(),
+                    rejected: 0,
+                    served: Vec::new(),
+                    own: Vec::new(),
+                    header_bytes: 0.0,
+                    body_bytes: 0.0,
+                }));
+            }
+            let own = UpdateRef {
+                update: (r.sent)(h),
+                samples: r.samples.get(h).copied().unwrap_or(1),
+            };
+            let refs: Vec<UpdateRef<'_>> = admitted
+                .iter()
+                .map(|&m| UpdateRef {
+                    update: (r.sent)(m as usize),
+                    samples: r.samples.get(m as usize).copied().unwrap_or(1),
+                })
+                .collect();
+            let (merged, contributors, rejected) = match spec.merge {
+                Merge::Robust(sc) => {
+                    let s = synthesize(own, &refs, &sc)?;
+                    let accepted: Vec<u32> = s
+                        .accepted_by_agreement()
+                        .into_iter()
+                        .filter_map(|k| admitted.get(k).copied())
+                        .collect();
+                    let rejected = s.verdicts.len() - accepted.len();
+                    (s.merged, accepted, rejected)
+                }
+                Merge::Mean => {
+                    let all = std::iter::once(own).chain(refs.iter().copied());
+                    (weighted_mean(all), admitted.clone(), 0)
+                }
+            };
+            let out = distiller.distill(&merged)?;
+            let key = keys
+                .get(h)
+                .ok_or_else(|| LearnError::Config("no key".into()))?;
+            let sealed = seal(
+                key,
+                distiller.spec(),
+                HeaderFields {
+                    round: r.round,
+                    unix_ms: 0,
+                    samples: r.samples.get(h).copied().unwrap_or(1),
+                    loss: r.losses.get(h).copied().unwrap_or(0.0),
+                    embedding: r
+                        .packed
+                        .get(h)
+                        .map(|p| p.embedding.clone())
+                        .unwrap_or_default(),
+                },
+                &out.body,
+            )?;
+            let clean = decode(&out.body, distiller.spec())?;
+            let mut served = clean.clone();
+            if let Some(Some(attack)) = data.hostile.get(h) {
+                corrupt(
+                    &mut served,
+                    *attack,
+                    node_word(cfg.seed, 0x4B_BAD, r.round, h),
+                );
+            }
+            Ok(Some(HubMerge {
+                admitted,
+                contributors,
+                rejected,
+                served,
+                own: clean,
+                header_bytes: PEER_ENTRY_BYTES + sealed.header_bytes.len() as f64,
+                body_bytes: sealed.body_bytes.len() as f64,
+            }))
+        })
+        .collect::<Result<_, _>>()?;
+
+    // 4. Hubs learn the members they admitted and the peers those list in their pushes (the
+    // peers a member knows that it has not yet told its hub of), so that views spread both
+    // ways and a connected cohort ends with one hub.
+    let before: Vec<Vec<(u32, u64)>> = state
+        .cohorts
+        .iter()
+        .map(|v| v.ranked().iter().map(|&(rk, p)| (p, rk)).collect())
+        .collect();
+    let mut hub_learned = vec![0usize; n];
+    for (h, m) in merges.iter().enumerate() {
+        let (Some(m), Some(view)) = (m, state.cohorts.get_mut(h)) else {
+            continue;
+        };
+        let listed = m.admitted.iter().flat_map(|&p| {
+            std::iter::once((p, rank(p))).chain(
+                before
+                    .get(p as usize)
+                    .into_iter()
+                    .flat_map(|l| l.iter().copied()),
+            )
+        });
+        if let Some(c) = hub_learned.get_mut(h) {
+            *c = view.learn(listed);
+        }
+    }
+    // 5. Apply, and learn from the answers: the hub's view, itself included.
+    let listed: Vec<Vec<(u32, u64)>> = merges
+        .iter()
+        .enumerate()
+        .map(|(h, m)| match (m, state.cohorts.get(h)) {
+            (Some(_), Some(view)) => view
+                .ranked()
+                .iter()
+                .map(|&(rk, p)| (p, rk))
+                .chain(std::iter::once((h as u32, rank(h as u32))))
+                .collect(),
+            _ => Vec::new(),
+        })
+        .collect();
+    let mut merged = Vec::with_capacity(n);
+    // What the round's debug line reports.
+    let (mut bans, mut refusals, mut adopted, mut adopt_refused) = (0usize, 0usize, 0usize, 0usize);
+    let mut cosine_min = f32::MAX;
+    let (state_params, origin) = (&state.params, &state.origin);
+    let joined = &mut state.joined;
+    for (i, view) in state.cohorts.iter_mut().enumerate() {
+        let h = hub_of.get(i).copied().unwrap_or(i as u32);
+        let mut m = Merged {
+            candidates: view.len(),
+            header_bytes: search_header_bytes.get(i).copied().unwrap_or(0.0),
+            // The entries the node's members pushed to it, new to it (counted once).
+            body_bytes: PEER_ENTRY_BYTES * hub_learned.get(i).copied().unwrap_or(0) as f64,
+            ..Merged::default()
+        };
+        let sent = (r.sent)(i);
+        let hub = merges.get(h as usize).and_then(Option::as_ref);
+        if h as usize == i {
+            match hub.filter(|x| !x.admitted.is_empty()) {
+                Some(x) => {
+                    if let Some(j) = joined.get_mut(i) {
+                        *j = Some(i as u32);
+                    }
+                    m.update = x.own.clone();
+                    m.accepted = x.contributors.clone();
+                    m.rejected = x.rejected;
+                }
+                None => m.update = sent.to_vec(),
+            }
+        } else {
+            let me = i as u32;
+            m.header_bytes += REQUEST_BYTES + header(me);
+            m.body_bytes += body(me);
+            match hub.filter(|x| x.admitted.contains(&me)) {
+                Some(x) => {
+                    m.header_bytes += x.header_bytes;
+                    m.body_bytes += x.body_bytes;
+                    // Checked against what the member sent: the merge holds that, at weight
+                    // about 1/c, and its size is what the member's error feedback releases.
+                    match check_aggregate(sent, &x.served, &cfg.hub.check) {
+                        Ok(c) => {
+                            view.passed(&h);
+                            // Joining a hub: adopt its model once, so that every member
+                            // applies the same merges to the same model.
+                            if let Some(j) = joined.get_mut(i).filter(|j| **j != Some(h)) {
+                                *j = Some(h);
+                                let (model, bytes) =
+                                    adopt(cfg, data, state_params, origin, h, i, r)?;
+                                m.adopt_bytes = bytes;
+                                adopted += usize::from(model.is_some());
+                                adopt_refused += usize::from(model.is_none());
+                                m.adopt = model;
+                            }
+                            cosine_min = cosine_min.min(c);
+                            m.update = x.served.clone();
+                            m.accepted = std::iter::once(h)
+                                .chain(x.contributors.iter().copied())
+                                .filter(|&p| p != me)
+                                .collect();
+                            let list = listed.get(h as usize).map_or(&[][..], |l| &l[..]);
+                            let new = view.learn(list.iter().copied());
+                            m.body_bytes += PEER_ENTRY_BYTES * new as f64;
+                        }
+                        Err(e) => {
+                            tracing::debug!(round = r.round, node = i, hub = h, %e, "merge refused");
+                            bans += usize::from(view.failed(&h));
+                            m.update = sent.to_vec();
+                        }
+                    }
+                }
+                None => {
+                    refusals += 1;
+                    m.header_bytes += REQUEST_BYTES;
+                    m.update = sent.to_vec();
+                    // Refused by a hub it has not joined: its model may just have drifted from
+                    // the cohort's (a fragment that trained apart). It fetches the hub's model
+                    // and adopts it if its own data accepts it; the next push is admitted.
+                    let joinable = hub.is_some() && joined.get(i).copied().flatten() != Some(h);
+                    let (model, bytes) = if joinable {
+                        adopt(cfg, data, state_params, origin, h, i, r)?
+                    } else {
+                        (None, 0.0)
+                    };
+                    m.adopt_bytes = bytes;
+                    match model {
+                        Some(a) => {
+                            adopted += 1;
+                            // Its update was trained on the model it leaves: it is not applied.
+                            m.update = vec![0.0; sent.len()];
+                            m.adopt = Some(a);
+                            if let Some(j) = joined.get_mut(i) {
+                                *j = Some(h);
+                            }
+                        }
+                        None => {
+                            adopt_refused += usize::from(joinable);
+                            view.forget(&h);
+                        }
+                    }
+                }
+            }
+        }
+        merged.push(m);
+    }
+    let mut hubs: Vec<u32> = hub_of.clone();
+    hubs.sort_unstable();
+    hubs.dedup();
+    tracing::debug!(
+        round = r.round,
+        hubs = hubs.len(),
+        alone = state.cohorts.iter().filter(|c| c.is_alone()).count(),
+        bans,
+        refusals,
+        adopt_refused,
+        adopted,
+        cosine_min,
+        "hub round"
+    );
+    Ok(HubRound {
+        merged,
+        dht_bytes,
+        searched,
+    })
+}
+
+/// Member `i` joins hub `h`: it fetches the hub's model as a snapshot (dense int8 cumulative
+/// update, corrupted by a hostile hub) and adopts it if [`check_adoption`] passes. Returns the
+/// model to adopt, if any, and the bytes of the fetch.
+fn adopt(
+    cfg: &LearnConfig,
+    data: &Data,
+    params: &[Vec<f32>],
+    origin: &[f32],
+    h: u32,
+    i: usize,
+    r: &Round<'_, '_>,
+) -> Result<(Option<Vec<f32>>, f64), LearnError> {
+    let (Some(hub), Some(own)) = (params.get(h as usize), params.get(i)) else {
+        return Ok((None, 0.0));
+    };
+    if hub == origin {
+        // The hub has applied no update yet (its header says round 0): nothing to fetch.
+        return Ok((Some(own.clone()), 0.0));
+    }
+    let layout = kindred_distill::Layout::new(r.spec);
+    let mut served = hub.clone();
+    if let Some(Some(attack)) = data.hostile.get(h as usize) {
+        let mut cumulative: Vec<f32> = hub.iter().zip(origin).map(|(x, o)| x - o).collect();
+        corrupt(
+            &mut cumulative,
+            *attack,
+            node_word(cfg.seed, 0x5BAD, r.round, h as usize),
+        );
+        for ((x, o), c) in served.iter_mut().zip(origin).zip(&cumulative) {
+            *x = o + c;
+        }
+    }
+    let body = snapshot(&served, origin, r.spec)?;
+    let bytes = REQUEST_BYTES
+        + kindred_proto::encode_body(&body).len() as f64
+        + r.packed
+            .get(h as usize)
+            .map_or(0.0, |p| p.header_bytes as f64);
+    let cumulative = decode(&body, r.spec)?;
+    debug_assert_eq!(cumulative.len(), layout.len());
+    let model: Vec<f32> = origin.iter().zip(&cumulative).map(|(o, c)| o + c).collect();
+    if let Err(e) = check_adoption(own, &model, origin, ADOPT_MAX_RATIO) {
+        tracing::debug!(node = i, hub = h, %e, "hub model refused");
+        return Ok((None, bytes));
+    }
+    // The node's own data decides: a model of its task scores on its shard about as well as its
+    // own model; another task's, or a corrupted one, does not.
+    let shard = data
+        .train
+        .get(i)
+        .ok_or_else(|| LearnError::Config("no shard".into()))?;
+    let mut m = Model::new(cfg.arch, 0)?;
+    m.set_params(own)?;
+    let own_acc = m.accuracy(shard)?;
+    m.set_params(&model)?;
+    let hub_acc = m.accuracy(shard)?;
+    if hub_acc < own_acc - ADOPT_MAX_DROP {
+        tracing::debug!(
+            node = i,
+            hub = h,
+            own_acc,
+            hub_acc,
+            "hub model scores too low"
+        );
+        return Ok((None, bytes));
+    }
+    Ok((Some(model), bytes))
+}
+
+/// Sample-weighted mean of `updates` (the plain merge rule).
+fn weighted_mean<'a>(updates: impl Iterator<Item = UpdateRef<'a>>) -> Vec<f32> {
+    let mut acc: Vec<f64> = Vec::new();
+    let mut total = 0f64;
+    for u in updates {
+        let w = u.samples as f64;
+        if acc.is_empty() {
+            acc = vec![0.0; u.update.len()];
+        }
+        for (a, &x) in acc.iter_mut().zip(u.update) {
+            *a += w * f64::from(x);
+        }
+        total += w;
+    }
+    acc.into_iter()
+        .map(|a| (a / total.max(1.0)) as f32)
+        .collect()
+}
