@@ -75,7 +75,7 @@ pub(crate) struct LearnArgs {
     /// cosine) are neither fetched nor followed (default: kindred-routing's 4).
     #[arg(long)]
     pub(crate) max_distance_ratio: Option<f32>,
-    /// Band keys a kindred-hub node searches while it knows nobody (default 4).
+    /// Band keys a kindred-hub node searches while it is its own hub (default 4).
     #[arg(long)]
     pub(crate) hub_bands: Option<u16>,
     /// Bits per band of those keys (default 8).

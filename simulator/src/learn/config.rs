@@ -334,7 +334,8 @@ impl Default for Consensus {
 /// How nodes of the hub exchange ([`Partners::Hub`]) find their cohort and check their hub.
 ///
 /// A node needs one peer of its task to join a cohort: the hub's answers list the rest. So it
-/// searches the DHT with a few band keys only, and only while it knows nobody.
+/// searches the DHT with a few band keys only, and only while it is its own hub (which it is
+/// while it knows nobody): in rounds 0-2, then every [`HubConfig::search_every`] rounds.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct HubConfig {
     /// The band keys searched. Default 4 bands of 8 bits: a quarter of the keys the pairwise
@@ -342,7 +343,8 @@ pub struct HubConfig {
     pub keys: KeyConfig,
     /// Multi-probe keys per search. Default 0.
     pub probes: usize,
-    /// A node that knows nobody searches in round 0 and then every this many rounds. Default 5.
+    /// After round 2, a node that is its own hub searches every this many rounds, to meet
+    /// cohorts of its task it has not met. Default 5.
     pub search_every: u64,
     /// Most peers a node's cohort view holds. Default 1,024.
     pub max_members: usize,

@@ -2,9 +2,10 @@
 //!
 //! Per round:
 //!
-//! 1. **Search**: a node that knows no peer of its cohort (all of them in round 0) announces and
-//!    looks up [`HubConfig::keys`] in the routing model ([`Overlay`]), asks every provider found
-//!    for its header, and learns the ones the cosine gate admits
+//! 1. **Search**: a node that is its own hub (all of them in round 0) announces and looks up
+//!    [`HubConfig::keys`](crate::learn::HubConfig::keys) in the routing model ([`Overlay`]) in rounds 0-2 and then every
+//!    [`HubConfig::search_every`](crate::learn::HubConfig::search_every) rounds, asks every provider found for its header, and learns
+//!    the ones the cosine gate admits and the hubs their headers name
 //!    ([`kindred_routing::Cohort::learn`]).
 //! 2. **Push**: each node pushes its packet (header and body) to its hub, the lowest-ranked
 //!    peer of its view ([`kindred_routing::Cohort::hub`]), or keeps it if that is itself.
@@ -14,9 +15,11 @@
 //!    it back, with the peers of its view the member has not heard of. A hostile hub corrupts
 //!    its merge by its attack.
 //! 4. **Apply**: a member applies the merge if it passes `kindred_distill::check_aggregate`
-//!    against its own update and bans the hub otherwise; a refused member forgets the hub. A
-//!    node without a merge applies what it sent (its own update as its peers would have seen
-//!    it, so its error feedback stays exact).
+//!    against what it sent, and bans the hub after two failures in a row. The first time it
+//!    applies a hub's merge it adopts the hub's model ([`adopt`]), so the cohort holds one model.
+//!    A refused member tries the same adoption (its model may have drifted from the cohort's)
+//!    and forgets the hub if that fails. A node without a merge applies what it sent (its own
+//!    update as its peers would have seen it, so its error feedback stays exact).
 //!
 //! Bytes: a push is a request, the header and the body; an answer the merge's header and body
 //! and 95 bytes per peer listed (a `PeerId` and one address, as in a Kademlia answer), or a
@@ -460,7 +463,6 @@ fn adopt(
         // The hub has applied no update yet (its header says round 0): nothing to fetch.
         return Ok((Some(own.clone()), 0.0));
     }
-    let layout = kindred_distill::Layout::new(r.spec);
     let mut served = hub.clone();
     if let Some(Some(attack)) = data.hostile.get(h as usize) {
         let mut cumulative: Vec<f32> = hub.iter().zip(origin).map(|(x, o)| x - o).collect();
@@ -480,7 +482,6 @@ fn adopt(
             .get(h as usize)
             .map_or(0.0, |p| p.header_bytes as f64);
     let cumulative = decode(&body, r.spec)?;
-    debug_assert_eq!(cumulative.len(), layout.len());
     let model: Vec<f32> = origin.iter().zip(&cumulative).map(|(o, c)| o + c).collect();
     if let Err(e) = check_adoption(own, &model, origin, ADOPT_MAX_RATIO) {
         tracing::debug!(node = i, hub = h, %e, "hub model refused");
