@@ -25,15 +25,18 @@
 //! and 95 bytes per peer listed (a `PeerId` and one address, as in a Kademlia answer), or a
 //! request-sized refusal.
 
-use kindred_distill::{UpdateRef, check_adoption, check_aggregate, decode, snapshot, synthesize};
+use kindred_distill::{check_adoption, check_aggregate, decode, snapshot};
 use kindred_node::trainer::Model;
 use kindred_proto::{HeaderFields, SIMHASH_BITS, SimHash, seal};
 use kindred_routing::Cohort;
 use libp2p_identity::ed25519;
 use rayon::prelude::*;
 
-use super::{Data, LearnError, Merged, Packed, REQUEST_BYTES, State, corrupt, node_word};
-use crate::learn::config::{LearnConfig, Merge};
+use super::{
+    Data, Exchange, LearnError, Merged, Packed, REQUEST_BYTES, State, corrupt, merge_with,
+    node_word,
+};
+use crate::learn::config::LearnConfig;
 use crate::routing::overlay::{Overlay, Search};
 
 /// Bytes of one peer entry in a hub's answer.
@@ -212,33 +215,19 @@ pub(super) fn exchange(
                     body_bytes: 0.0,
                 }));
             }
-            let own = UpdateRef {
-                update: (r.sent)(h),
-                samples: r.samples.get(h).copied().unwrap_or(1),
+            // The hub merges as a node merges its partners, its own sent update in place of its
+            // dense one (the merge is all the cohort applies).
+            let exchange = Exchange {
+                packed: r.packed,
+                sent: r.sent,
+                samples: r.samples,
             };
-            let refs: Vec<UpdateRef<'_>> = admitted
-                .iter()
-                .map(|&m| UpdateRef {
-                    update: (r.sent)(m as usize),
-                    samples: r.samples.get(m as usize).copied().unwrap_or(1),
-                })
-                .collect();
-            let (merged, contributors, rejected) = match spec.merge {
-                Merge::Robust(sc) => {
-                    let s = synthesize(own, &refs, &sc)?;
-                    let accepted: Vec<u32> = s
-                        .accepted_by_agreement()
-                        .into_iter()
-                        .filter_map(|k| admitted.get(k).copied())
-                        .collect();
-                    let rejected = s.verdicts.len() - accepted.len();
-                    (s.merged, accepted, rejected)
-                }
-                Merge::Mean => {
-                    let all = std::iter::once(own).chain(refs.iter().copied());
-                    (weighted_mean(all), admitted.clone(), 0)
-                }
-            };
+            let Merged {
+                update: merged,
+                accepted: contributors,
+                rejected,
+                ..
+            } = merge_with(&spec, h, &admitted, (r.sent)(h), &exchange, members.len())?;
             let out = distiller.distill(&merged)?;
             let key = keys
                 .get(h)
@@ -509,23 +498,4 @@ fn adopt(
         return Ok((None, bytes));
     }
     Ok((Some(model), bytes))
-}
-
-/// Sample-weighted mean of `updates` (the plain merge rule).
-fn weighted_mean<'a>(updates: impl Iterator<Item = UpdateRef<'a>>) -> Vec<f32> {
-    let mut acc: Vec<f64> = Vec::new();
-    let mut total = 0f64;
-    for u in updates {
-        let w = u.samples as f64;
-        if acc.is_empty() {
-            acc = vec![0.0; u.update.len()];
-        }
-        for (a, &x) in acc.iter_mut().zip(u.update) {
-            *a += w * f64::from(x);
-        }
-        total += w;
-    }
-    acc.into_iter()
-        .map(|a| (a / total.max(1.0)) as f32)
-        .collect()
 }
