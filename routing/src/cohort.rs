@@ -79,26 +79,27 @@ impl<P: Clone + Ord> Cohort<P> {
 
     /// Add `peers` (peer, rank), skipping the node itself, banned peers and peers already
     /// known. Returns how many new peers the view holds afterwards.
+    ///
+    /// A peer's rank must be a function of the peer ([`hub_rank`] of its identity, computed by
+    /// the caller, never taken from the network): the view finds a peer by `(rank, peer)`.
     pub fn learn(&mut self, peers: impl IntoIterator<Item = (P, u64)>) -> usize {
         let mut added = Vec::new();
         for (peer, rank) in peers {
             if peer == self.own || self.banned.contains(&peer) {
                 continue;
             }
-            if self.members.iter().any(|(_, p)| *p == peer) {
-                continue; // known: keep the rank it was first learned with
-            }
             let entry = (rank, peer);
-            let at = self.members.partition_point(|e| *e < entry);
-            if at < self.max_members {
-                added.push(entry.1.clone());
-                self.members.insert(at, entry);
+            if let Err(at) = self.members.binary_search(&entry)
+                && at < self.max_members
+            {
+                self.members.insert(at, entry.clone());
                 self.members.truncate(self.max_members);
+                added.push(entry);
             }
         }
         added
             .iter()
-            .filter(|p| self.members.iter().any(|(_, m)| m == *p))
+            .filter(|e| self.members.binary_search(e).is_ok())
             .count()
     }
 
@@ -108,11 +109,6 @@ impl<P: Clone + Ord> Cohort<P> {
             Some((rank, peer)) if (*rank, peer) < (self.own_rank, &self.own) => peer.clone(),
             _ => self.own.clone(),
         }
-    }
-
-    /// Whether the node knows no peer.
-    pub fn is_alone(&self) -> bool {
-        self.members.is_empty()
     }
 
     /// The known peers, lowest rank first.
@@ -130,7 +126,7 @@ impl<P: Clone + Ord> Cohort<P> {
         self.members.len()
     }
 
-    /// Whether no peer is known (the same as [`Cohort::is_alone`]).
+    /// Whether no peer is known: the node is alone, and its own hub.
     pub fn is_empty(&self) -> bool {
         self.members.is_empty()
     }

@@ -209,11 +209,10 @@ struct State {
     /// Per node, whether it searches and whom it follows between discovery rounds (semantic
     /// policy).
     follow: Vec<Follower<u32>>,
-    /// Per node, its cohort view, and the distiller of the merges it makes as a hub, and every
-    /// node's rank in the hub order (hub exchange).
+    /// Per node, its cohort view and the distiller of the merges it makes as a hub (hub
+    /// exchange; empty for other policies).
     cohorts: Vec<Cohort<u32>>,
     hub_distillers: Vec<Distiller>,
-    ranks: Vec<u64>,
     /// Per node, the hub whose model it adopted last (hub exchange).
     joined: Vec<Option<u32>>,
     report: PolicyReport,
@@ -397,15 +396,22 @@ pub fn run(cfg: &LearnConfig, progress: ProgressFn<'_>) -> Result<LearnReport, L
             }
             Ok(State {
                 spec: p.clone(),
-                cohorts: (0..cfg.nodes)
-                    .map(|i| {
-                        let rank = ranks.get(i).copied().unwrap_or(u64::MAX);
-                        Cohort::new(i as u32, rank, cfg.hub.max_members)
-                    })
-                    .collect(),
+                cohorts: if is_hub {
+                    (0..cfg.nodes)
+                        .map(|i| {
+                            let rank = ranks.get(i).copied().unwrap_or(u64::MAX);
+                            Cohort::new(i as u32, rank, cfg.hub.max_members)
+                        })
+                        .collect()
+                } else {
+                    Vec::new()
+                },
                 hub_distillers,
-                ranks: ranks.clone(),
-                joined: vec![None; cfg.nodes],
+                joined: if is_hub {
+                    vec![None; cfg.nodes]
+                } else {
+                    Vec::new()
+                },
                 origin: init_params.clone(),
                 params: vec![init_params.clone(); cfg.nodes],
                 distillers,
@@ -436,6 +442,7 @@ pub fn run(cfg: &LearnConfig, progress: ProgressFn<'_>) -> Result<LearnReport, L
                 Overlays {
                     semantic: overlay.as_ref(),
                     hub: hub_overlay.as_ref(),
+                    ranks: &ranks,
                 },
                 state,
                 round,
@@ -729,6 +736,7 @@ fn step(
                 samples: &samples,
                 losses: &losses,
                 spec,
+                ranks: overlays.ranks,
                 round: r64,
             };
             let h = hub::exchange(cfg, data, keys, ov, state, &round)?;
@@ -1089,13 +1097,15 @@ fn group_means<'a>(
         .collect()
 }
 
-/// The routing models a round searches.
+/// The routing models a round searches, and the hub order.
 #[derive(Clone, Copy)]
 struct Overlays<'a> {
     /// The pairwise exchange's (every band key, probes).
     semantic: Option<&'a Overlay>,
     /// The hub exchange's ([`crate::learn::HubConfig::keys`]).
     hub: Option<&'a Overlay>,
+    /// Every node's rank in the hub order.
+    ranks: &'a [u64],
 }
 
 /// What every node put on the wire this round.

@@ -86,6 +86,8 @@ pub(super) struct Round<'a, 'p> {
     pub samples: &'p [u64],
     pub losses: &'p [f32],
     pub spec: &'p kindred_proto::ModelSpec,
+    /// Every node's rank in the hub order ([`ranks`]).
+    pub ranks: &'p [u64],
     pub round: u64,
 }
 
@@ -109,7 +111,7 @@ pub(super) fn exchange(
     r: &Round<'_, '_>,
 ) -> Result<HubRound, LearnError> {
     let n = cfg.nodes;
-    let rank = |i: u32| state.ranks.get(i as usize).copied().unwrap_or(u64::MAX);
+    let rank = |i: u32| r.ranks.get(i as usize).copied().unwrap_or(u64::MAX);
     let cosine = |a: usize, b: u32| -> f32 {
         match (r.packed.get(a), r.packed.get(b as usize)) {
             (Some(x), Some(y)) => x.embedding.cosine(&y.embedding),
@@ -418,7 +420,7 @@ pub(super) fn exchange(
     tracing::debug!(
         round = r.round,
         hubs = hubs.len(),
-        alone = state.cohorts.iter().filter(|c| c.is_alone()).count(),
+        alone = state.cohorts.iter().filter(|c| c.is_empty()).count(),
         bans,
         refusals,
         adopt_refused,
