@@ -4,7 +4,8 @@ use std::path::Path;
 
 use clap::{Args, ValueEnum};
 use kindred_simulator::learn::{
-    Attack, Consensus, Hostile, LearnConfig, LearnReport, Merge, PolicySpec, Setting,
+    Attack, Compression, Consensus, Hostile, LearnConfig, LearnReport, Merge, Partners, PolicySpec,
+    Setting,
 };
 use kindred_simulator::plot::{Chart, Series, line_chart};
 use serde_json::{Value, json};
@@ -81,6 +82,13 @@ pub(crate) struct LearnArgs {
     /// Bits per band of those keys (default 8).
     #[arg(long)]
     pub(crate) hub_band_bits: Option<u8>,
+    /// Top-k density every distilling policy settles at after its warm-up (default:
+    /// kindred-distill's 0.02).
+    #[arg(long)]
+    pub(crate) density: Option<f32>,
+    /// Top-k density a kindred-hub hub distills its merge at (default: the members' density).
+    #[arg(long)]
+    pub(crate) hub_density: Option<f32>,
     /// Honest nodes tracked every round (all are evaluated at the end).
     #[arg(long, default_value_t = 64)]
     pub(crate) eval_nodes: usize,
@@ -188,6 +196,7 @@ impl LearnArgs {
             })
             .collect::<anyhow::Result<_>>()?;
         self.snapshots(&mut c.policies)?;
+        self.densities(&mut c)?;
         for p in &mut c.policies {
             if let Merge::Robust(sc) = &mut p.merge {
                 sc.min_cosine = self.min_cosine.unwrap_or(sc.min_cosine);
@@ -203,6 +212,38 @@ impl LearnArgs {
             });
         }
         Ok(c)
+    }
+
+    /// Apply `--density` to every distilling policy and `--hub-density` to the hubs.
+    fn densities(&self, c: &mut LearnConfig) -> anyhow::Result<()> {
+        if let Some(d) = self.density {
+            anyhow::ensure!(
+                c.policies
+                    .iter()
+                    .any(|p| matches!(p.compression, Compression::Distill(_))),
+                "--density applies to the distilling policies: add one to --policies"
+            );
+            for p in &mut c.policies {
+                if let Compression::Distill(policy) = &mut p.compression {
+                    policy.density = d;
+                    policy
+                        .validate()
+                        .map_err(|e| anyhow::anyhow!("--density: {e}"))?;
+                }
+            }
+        }
+        if let Some(d) = self.hub_density {
+            anyhow::ensure!(
+                c.policies.iter().any(|p| p.partners == Partners::Hub),
+                "--hub-density applies to kindred-hub: add it to --policies"
+            );
+            anyhow::ensure!(
+                d.is_finite() && d > 0.0 && d <= 1.0,
+                "--hub-density must be in (0, 1]"
+            );
+            c.hub.density = Some(d);
+        }
+        Ok(())
     }
 
     /// Apply `--snapshot-every` / `--snapshot-share` to the policies that pull snapshots

@@ -350,6 +350,9 @@ pub struct HubConfig {
     pub max_members: usize,
     /// What a member checks before applying its hub's merge.
     pub check: AggregateCheck,
+    /// Top-k density a hub distills its merge at, in place of the members' policy density.
+    /// Default `None` (the members' density).
+    pub density: Option<f32>,
 }
 
 impl Default for HubConfig {
@@ -360,6 +363,7 @@ impl Default for HubConfig {
             search_every: 5,
             max_members: 1024,
             check: AggregateCheck::default(),
+            density: None,
         }
     }
 }

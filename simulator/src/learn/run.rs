@@ -384,9 +384,15 @@ pub fn run(cfg: &LearnConfig, progress: ProgressFn<'_>) -> Result<LearnReport, L
             };
             let is_hub = p.partners == Partners::Hub;
             let hub_distillers = match &p.compression {
-                Compression::Distill(policy) if is_hub => (0..cfg.nodes)
-                    .map(|_| Distiller::new(spec.clone(), policy.clone(), cfg.embedding))
-                    .collect::<Result<_, _>>()?,
+                Compression::Distill(policy) if is_hub => {
+                    let policy = kindred_distill::Policy {
+                        density: cfg.hub.density.unwrap_or(policy.density),
+                        ..policy.clone()
+                    };
+                    (0..cfg.nodes)
+                        .map(|_| Distiller::new(spec.clone(), policy.clone(), cfg.embedding))
+                        .collect::<Result<_, _>>()?
+                }
                 _ => Vec::new(),
             };
             if is_hub && hub_distillers.is_empty() {
@@ -1390,6 +1396,36 @@ mod tests {
             last.bytes_per_node
         );
         assert!(hub.bytes_per_node_round < 0.5 * pairwise.bytes_per_node_round);
+    }
+
+    #[test]
+    fn a_denser_hub_answers_with_more_bytes_and_members_push_the_same() {
+        let mut cfg = small();
+        // The hub density applies after the warm-up (rounds 0-3).
+        cfg.rounds = 5;
+        cfg.train.steps = 8;
+        cfg.policies = vec![PolicySpec::kindred_hub()];
+        let base = run(&cfg, &quiet).unwrap();
+        cfg.hub.density = Some(0.2);
+        let dense = run(&cfg, &quiet).unwrap();
+        let (b, d) = (
+            base.policies[0].rounds.last().unwrap(),
+            dense.policies[0].rounds.last().unwrap(),
+        );
+        // The members' packets are distilled at their own density either way; the answers,
+        // one per member, carry ten times the top-k entries.
+        assert!(
+            (d.body_bytes - b.body_bytes).abs() < 0.05 * b.body_bytes,
+            "{} vs {}",
+            d.body_bytes,
+            b.body_bytes
+        );
+        assert!(
+            d.body_bytes_per_node > 1.5 * b.body_bytes_per_node,
+            "{} vs {}",
+            d.body_bytes_per_node,
+            b.body_bytes_per_node
+        );
     }
 
     #[test]
