@@ -233,14 +233,27 @@ impl LearnArgs {
             }
         }
         if let Some(d) = self.hub_density {
+            let hubs: Vec<&kindred_distill::Policy> = c
+                .policies
+                .iter()
+                .filter(|p| p.partners == Partners::Hub)
+                .filter_map(|p| match &p.compression {
+                    Compression::Distill(policy) => Some(policy),
+                    Compression::Full => None,
+                })
+                .collect();
             anyhow::ensure!(
-                c.policies.iter().any(|p| p.partners == Partners::Hub),
+                !hubs.is_empty(),
                 "--hub-density applies to kindred-hub: add it to --policies"
             );
-            anyhow::ensure!(
-                d.is_finite() && d > 0.0 && d <= 1.0,
-                "--hub-density must be in (0, 1]"
-            );
+            for policy in hubs {
+                kindred_distill::Policy {
+                    density: d,
+                    ..policy.clone()
+                }
+                .validate()
+                .map_err(|e| anyhow::anyhow!("--hub-density: {e}"))?;
+            }
             c.hub.density = Some(d);
         }
         Ok(())
