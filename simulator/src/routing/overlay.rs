@@ -38,6 +38,9 @@ pub enum Search {
     Full,
     /// Announce, and look up a few shards of each hot band.
     Refresh,
+    /// Look up every shard of each hot band, announce nothing (a node that expects to join a
+    /// hub: `kindred_routing::is_hub_candidate`).
+    Lookup,
 }
 
 /// A static overlay of `n` nodes.
@@ -145,8 +148,9 @@ impl Overlay {
         self.ids.is_empty()
     }
 
-    /// Run round `round`: nodes that search (`searches[i]`) announce `sigs[i]`'s band keys, then
-    /// look up their band keys and the first probes ordered by `margins[i]`.
+    /// Run round `round`: nodes that search (`searches[i]`) announce `sigs[i]`'s band keys
+    /// (unless they only look up), then look up their band keys and the first probes ordered by
+    /// `margins[i]`.
     ///
     /// # Errors
     /// [`ProbeError`] when probes are asked for and margins are unusable.
@@ -161,8 +165,9 @@ impl Overlay {
         let ctx = KeyContext::new(self.network, self.model, RoundWindow(round), self.keys);
         let search = |i: usize| searches.get(i).copied().unwrap_or_default();
         let is_active = |i: usize| search(i) != Search::Idle;
+        let announces = |i: usize| matches!(search(i), Search::Full | Search::Refresh);
         let announced: Vec<SimHash> = (0..n)
-            .filter(|&i| is_active(i))
+            .filter(|&i| announces(i))
             .filter_map(|i| sigs.get(i).copied())
             .collect();
         let shards = Shards::from_signatures(
@@ -178,7 +183,7 @@ impl Overlay {
         };
         // Announce.
         let mut jobs = Vec::new();
-        for i in (0..n).filter(|&i| is_active(i)) {
+        for i in (0..n).filter(|&i| announces(i)) {
             let sig = sigs.get(i).copied().unwrap_or_default();
             let salt = self.ids.id(i as u32).to_le_bytes();
             let start = rand(1, i, 10 * SECOND);
@@ -331,6 +336,17 @@ mod tests {
         let r = overlay.round(8, &sigs, &margins, &active).unwrap();
         assert!(r.found[3].is_empty());
         assert!(r.found[4].iter().all(|&p| p != 3));
+        // A node that only looks up still finds its group, and nobody finds it.
+        let mut quiet = vec![Search::Full; n];
+        quiet[5] = Search::Lookup;
+        let q = overlay.round(8, &sigs, &margins, &quiet).unwrap();
+        let all = overlay
+            .round(8, &sigs, &margins, &vec![Search::Full; n])
+            .unwrap();
+        assert!(q.found[5].len() >= 100, "node 5 found {}", q.found[5].len());
+        assert!(q.found.iter().all(|f| !f.contains(&5)));
+        assert!(all.found[0].contains(&5));
+        assert!(q.announce_bytes < all.announce_bytes);
         // A refresh asks two shards of each hot band: fewer lookups, fewer bytes, and still
         // only its own group.
         let full = r;

@@ -6,7 +6,9 @@
 //!    [`HubConfig::keys`](crate::learn::HubConfig::keys) in the routing model ([`Overlay`]) in rounds 0-2 and then every
 //!    [`HubConfig::search_every`](crate::learn::HubConfig::search_every) rounds, asks every provider found for its header, and learns
 //!    the ones the cosine gate admits and the hubs their headers name
-//!    ([`kindred_routing::Cohort::learn`]).
+//!    ([`kindred_routing::Cohort::learn`]). In the first
+//!    [`HubConfig::candidate_rounds`](crate::learn::HubConfig::candidate_rounds) rounds only hub
+//!    candidates announce ([`kindred_routing::is_hub_candidate`]); the others only look up.
 //! 2. **Push**: each node pushes its packet (header and body) to its hub, the lowest-ranked
 //!    peer of its view ([`kindred_routing::Cohort::hub`]), or keeps it if that is itself.
 //! 3. **Merge**: a hub ranks the members that pushed by sketch cosine, refuses those the cosine
@@ -133,17 +135,22 @@ pub(super) fn exchange(
 
     // 1. Search, by the nodes that are their own hub (which includes those that know nobody):
     // two cohorts of one task that found no peer of each other merge when one's hub meets the
-    // other's.
+    // other's. While cohorts form, only hub candidates announce: the others will be members.
     let every = cfg.hub.search_every.max(1);
     let searching: Vec<Search> = state
         .cohorts
         .iter()
         .enumerate()
         .map(|(i, c)| {
-            if c.hub() == i as u32 && (r.round < WARMUP_SEARCHES || r.round.is_multiple_of(every)) {
-                Search::Full
-            } else {
+            let me = i as u32;
+            if c.hub() != me || (r.round >= WARMUP_SEARCHES && !r.round.is_multiple_of(every)) {
                 Search::Idle
+            } else if r.round < cfg.hub.candidate_rounds
+                && !kindred_routing::is_hub_candidate(rank(me), cfg.hub.candidates)
+            {
+                Search::Lookup
+            } else {
+                Search::Full
             }
         })
         .collect();
