@@ -14,7 +14,8 @@
 //!   Averaging shrinks noise, so an honest merge is shorter than a member's own update; a
 //!   scaled one is not.
 //!
-//! A member whose check fails bans the hub and applies its own update for the round.
+//! A member whose check fails applies its own update for the round; two failures in a row ban
+//! the hub (`kindred_routing::HUB_STRIKES`).
 
 /// Thresholds of [`check_aggregate`]. [`AggregateCheck::default`] documents the defaults.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -13,11 +13,11 @@
 //!   cheap enough for the simulator to run for thousands of virtual nodes.
 //! - [`synthesize`]: the robust, similarity-weighted merge of the own update with peers', which
 //!   rejects scaled and sign-flipped updates and says why.
-//! - [`snapshot`] and [`pull`]: a model as a dense f16 body, and the gossip-averaging step that
+//! - [`snapshot`] and [`pull`]: a model as a dense int8 body, and the gossip-averaging step that
 //!   moves a node part of the way toward a partner's model (merging updates alone lets models
 //!   drift apart).
-//! - [`check_aggregate`]: what a member of a hub exchange checks before applying the merged
-//!   update its hub sent back.
+//! - [`check_aggregate`] and [`check_adoption`]: what a member of a hub exchange checks before
+//!   applying the merged update its hub sent back, and before adopting its hub's model.
 //! - [`DistillerState`]: what the node persists so a crash loses nothing.
 //!
 //! An **update** is always one flat `&[f32]` holding every layer of the

@@ -83,7 +83,7 @@ pub(crate) struct LearnArgs {
     #[arg(long)]
     pub(crate) hub_band_bits: Option<u8>,
     /// Top-k density every distilling policy settles at after its warm-up (default:
-    /// kindred-distill's 0.02).
+    /// kindred-distill's 0.02, and 0.04 for kindred-hub).
     #[arg(long)]
     pub(crate) density: Option<f32>,
     /// Top-k density a kindred-hub hub distills its merge at (default: the members' density).

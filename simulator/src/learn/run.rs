@@ -738,8 +738,11 @@ fn step(
         }
         _ => Vec::new(),
     };
-    let mut hub_round = match (state.spec.partners, overlays.hub) {
-        (Partners::Hub, Some(ov)) => {
+    let mut merged: Vec<Merged> = match state.spec.partners {
+        Partners::Hub => {
+            let ov = overlays
+                .hub
+                .ok_or_else(|| LearnError::Config("hub policy without overlay".into()))?;
             let round = hub::Round {
                 packed: &packed,
                 sent: &sent,
@@ -752,15 +755,8 @@ fn step(
             let h = hub::exchange(cfg, data, keys, ov, state, &round)?;
             dht_total = h.dht_bytes;
             searches = h.searched;
-            Some(h.merged)
+            h.merged
         }
-        (Partners::Hub, None) => {
-            return Err(LearnError::Config("hub policy without overlay".into()));
-        }
-        _ => None,
-    };
-    let mut merged: Vec<Merged> = match state.spec.partners {
-        Partners::Hub => hub_round.take().unwrap_or_default(),
         Partners::Local => own
             .iter()
             .map(|update| Merged {
