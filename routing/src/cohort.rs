@@ -18,7 +18,9 @@
 //! agree on the hub. A hub whose merged update fails a member's check (`kindred_distill::
 //! check_aggregate`) twice in a row ([`HUB_STRIKES`]) is banned by that member, which moves on to
 //! the next rank; a hub that refuses a member (another task) is forgotten, and may be relearned
-//! later.
+//! later. A hub admits pushers against the nearest of them and its [`Cohort::anchor`], the
+//! cosine of its own task's nearest peer at its last merge, so a hub left by its own task's
+//! members is not taken over by another task's.
 //!
 //! ```
 //! use kindred_routing::cohort::Cohort;
@@ -77,6 +79,8 @@ pub struct Cohort<P> {
     /// Consecutive failed checks of peers' merges.
     strikes: Vec<(P, u32)>,
     max_members: usize,
+    /// Sketch cosine of the nearest peer of the last merge the node took part in.
+    anchor: Option<f32>,
 }
 
 /// Consecutive failed checks after which a hub is banned ([`Cohort::failed`]). One failure is
@@ -94,6 +98,7 @@ impl<P: Clone + Ord> Cohort<P> {
             banned: Vec::new(),
             strikes: Vec::new(),
             max_members,
+            anchor: None,
         }
     }
 
@@ -186,6 +191,35 @@ impl<P: Clone + Ord> Cohort<P> {
         }
     }
 
+    /// The node merged with a peer at sketch cosine `cosine`, the nearest of that merge: as a
+    /// hub, its nearest admitted member; as a member, its hub. That is the node's reference for
+    /// its own task ([`Cohort::anchor`]).
+    pub fn merged(&mut self, cosine: f32) {
+        if cosine.is_finite() {
+            self.anchor = Some(cosine);
+        }
+    }
+
+    /// The sketch cosine at which the node last merged with a peer of its task
+    /// ([`Cohort::merged`]), or −∞ before its first merge. A hub's gate measures its pushers
+    /// against the nearest of them *and* this ([`crate::CosineGate::retain_admitted_near`]):
+    /// measured against each other only, the nodes of another task that push to a hub whose own
+    /// members have gone (at sketch cosine 0.70-0.78 with it, against 0.96-0.99 within a task,
+    /// `kindred-sim learn --setting rotation`) admitted one another, and their merge went to
+    /// every one of them.
+    ///
+    /// ```
+    /// use kindred_routing::cohort::Cohort;
+    ///
+    /// let mut view = Cohort::new("me", 50, 8);
+    /// assert_eq!(view.anchor(), f32::NEG_INFINITY);
+    /// view.merged(0.97);
+    /// assert_eq!(view.anchor(), 0.97);
+    /// ```
+    pub fn anchor(&self) -> f32 {
+        self.anchor.unwrap_or(f32::NEG_INFINITY)
+    }
+
     /// Drop `peer` until it is learned again: it refused the node (another task, or its own
     /// view lists the node as no member).
     pub fn forget(&mut self, peer: &P) {
@@ -197,6 +231,20 @@ impl<P: Clone + Ord> Cohort<P> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn the_anchor_is_the_last_merge_and_ignores_non_finite_cosines() {
+        let mut view = Cohort::new(0u32, 50, 8);
+        view.merged(0.9);
+        view.merged(0.97);
+        view.merged(f32::NAN);
+        view.merged(f32::NEG_INFINITY);
+        assert_eq!(view.anchor(), 0.97);
+        // Banning or forgetting peers leaves it.
+        view.learn([(1, 10)]);
+        view.ban(&1);
+        assert_eq!(view.anchor(), 0.97);
+    }
 
     #[test]
     fn ranks_are_stable_and_spread() {

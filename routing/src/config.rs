@@ -150,7 +150,32 @@ impl CosineGate {
     /// assert_eq!(ranked, vec![("b", 0.97), ("a", 0.99)]);
     /// ```
     pub fn retain_admitted<T>(&self, items: &mut Vec<T>, cosine: impl Fn(&T) -> f32) {
-        let best = items.iter().map(&cosine).fold(f32::NEG_INFINITY, f32::max);
+        self.retain_admitted_near(f32::NEG_INFINITY, items, cosine);
+    }
+
+    /// [`CosineGate::retain_admitted`], measured against the best of `items` and `reference`:
+    /// the cosine of a peer the node already knows to be of its task (a hub's
+    /// [`crate::Cohort::anchor`]). A hub whose own task's members have left is then not taken
+    /// over by another task's nodes, which sit near each other but far from it.
+    ///
+    /// ```
+    /// use kindred_routing::CosineGate;
+    ///
+    /// let gate = CosineGate::default();
+    /// let mut pushers = vec![("x", 0.74), ("y", 0.72)]; // another task's nodes
+    /// let mut alone = pushers.clone();
+    /// gate.retain_admitted_near(f32::NEG_INFINITY, &mut alone, |r| r.1);
+    /// assert_eq!(alone.len(), 2); // measured against each other, both pass
+    /// gate.retain_admitted_near(0.97, &mut pushers, |r| r.1); // its own task was at 0.97
+    /// assert!(pushers.is_empty());
+    /// ```
+    pub fn retain_admitted_near<T>(
+        &self,
+        reference: f32,
+        items: &mut Vec<T>,
+        cosine: impl Fn(&T) -> f32,
+    ) {
+        let best = items.iter().map(&cosine).fold(reference, f32::max);
         items.retain(|t| self.admits(best, cosine(t)));
     }
 }

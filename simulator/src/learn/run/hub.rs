@@ -12,15 +12,18 @@
 //! 2. **Push**: each node pushes its packet (header and body) to its hub, the lowest-ranked
 //!    peer of its view ([`kindred_routing::Cohort::hub`]), or keeps it if that is itself.
 //! 3. **Merge**: a hub ranks the members that pushed by sketch cosine, refuses those the cosine
-//!    gate does not admit (another task), merges its own sent update with the admitted members'
-//!    (`kindred_distill::synthesize`), distills the merge with its own error feedback and sends
-//!    it back, with the peers of its view the member has not heard of. A hostile hub corrupts
-//!    its merge by its attack.
+//!    gate does not admit (another task), measured against the nearest of them and the hub's
+//!    [`kindred_routing::Cohort::anchor`] (its own task's nearest peer at its last merge). It
+//!    merges its own sent update with the admitted members' (`kindred_distill::synthesize`),
+//!    distills the merge with its own error feedback and sends it back, with the peers of its
+//!    view the member has not heard of. A hostile hub corrupts its merge by its attack.
 //! 4. **Apply**: a member applies the merge if it passes `kindred_distill::check_aggregate`
 //!    against what it sent, and bans the hub after two failures in a row. The first time it
-//!    applies a hub's merge it adopts the hub's model ([`adopt`]), so the cohort holds one model.
-//!    A refused member tries the same adoption (its model may have drifted from the cohort's)
-//!    and forgets the hub if that fails. A node without a merge applies what it sent (its own
+//!    applies a hub's merge it adopts the hub's model ([`adopt`]), so the cohort holds one model;
+//!    if its data refuses that model (another task's, or a corrupted one) it applies nothing and
+//!    forgets the hub, and bans it at the second refusal. A refused member tries the same
+//!    adoption (its model may have drifted from the cohort's) and forgets the hub if that fails
+//!    (bans it, at the second refusal by its data). A node without a merge applies what it sent (its own
 //!    update as its peers would have seen it, so its error feedback stays exact).
 //!
 //! Bytes: a push is a request, the header and the body; an answer the merge's header and body
@@ -72,6 +75,19 @@ struct HubMerge {
     /// Header and body bytes of the answer.
     header_bytes: f64,
     body_bytes: f64,
+}
+
+/// What a joining member makes of its hub's model ([`adopt`]).
+enum Adoption {
+    /// Its data accepts the model, and the model is near its own: the member takes it.
+    Adopt(Vec<f32>),
+    /// Its data accepts the model, but the model is farther from its own than its own
+    /// cumulative update ([`check_adoption`]), or there is nothing to fetch yet: the member keeps
+    /// its own model and applies the hub's merges to it.
+    Keep,
+    /// The model scores far below the member's own on the member's data: another task's, or a
+    /// corrupted one. The member applies nothing from that hub.
+    Refuse,
 }
 
 /// What a round of the hub exchange did.
@@ -199,6 +215,7 @@ pub(super) fn exchange(
 
     // 3. Merge at every hub somebody pushed to.
     let spec = state.spec.clone();
+    let anchors: Vec<f32> = state.cohorts.iter().map(Cohort::anchor).collect();
     let merges: Vec<Option<HubMerge>> = state
         .hub_distillers
         .par_iter_mut()
@@ -211,7 +228,9 @@ pub(super) fn exchange(
             let mut admitted: Vec<(f32, u32)> =
                 members.iter().map(|&m| (cosine(h, m), m)).collect();
             admitted.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-            cfg.gate.retain_admitted(&mut admitted, |x| x.0);
+            let anchor = anchors.get(h).copied().unwrap_or(f32::NEG_INFINITY);
+            cfg.gate
+                .retain_admitted_near(anchor, &mut admitted, |x| x.0);
             let admitted: Vec<u32> = admitted.into_iter().map(|x| x.1).collect();
             if admitted.is_empty() {
                 return Ok(Some(HubMerge {
@@ -340,6 +359,9 @@ pub(super) fn exchange(
                     if let Some(j) = joined.get_mut(i) {
                         *j = Some(i as u32);
                     }
+                    if let Some(&nearest) = x.admitted.first() {
+                        view.merged(cosine(i, nearest));
+                    }
                     m.update = x.own.clone();
                     m.accepted = x.contributors.clone();
                     m.rejected = x.rejected;
@@ -350,6 +372,7 @@ pub(super) fn exchange(
             let me = i as u32;
             m.header_bytes += REQUEST_BYTES + header(me);
             m.body_bytes += body(me);
+            let c_hub = cosine(i, h);
             match hub.filter(|x| x.admitted.contains(&me)) {
                 Some(x) => {
                     m.header_bytes += x.header_bytes;
@@ -361,15 +384,31 @@ pub(super) fn exchange(
                             view.passed(&h);
                             // Joining a hub: adopt its model once, so that every member
                             // applies the same merges to the same model.
-                            if let Some(j) = joined.get_mut(i).filter(|j| **j != Some(h)) {
-                                *j = Some(h);
+                            if joined.get(i).copied().flatten() != Some(h) {
                                 let (model, bytes) =
                                     adopt(cfg, data, state_params, origin, h, i, r)?;
                                 m.adopt_bytes = bytes;
-                                adopted += usize::from(model.is_some());
-                                adopt_refused += usize::from(model.is_none());
-                                m.adopt = model;
+                                match model {
+                                    Adoption::Refuse => {
+                                        // Another task's model, or a corrupted one: nothing
+                                        // is applied, and a second refusal bans the hub.
+                                        adopt_refused += 1;
+                                        bans += usize::from(refuse(view, &h));
+                                        m.update = sent.to_vec();
+                                        merged.push(m);
+                                        continue;
+                                    }
+                                    Adoption::Adopt(model) => {
+                                        adopted += 1;
+                                        m.adopt = Some(model);
+                                    }
+                                    Adoption::Keep => {}
+                                }
+                                if let Some(j) = joined.get_mut(i) {
+                                    *j = Some(h);
+                                }
                             }
+                            view.merged(c_hub);
                             cosine_min = cosine_min.min(c);
                             m.update = x.served.clone();
                             m.accepted = std::iter::once(h)
@@ -398,11 +437,11 @@ pub(super) fn exchange(
                     let (model, bytes) = if joinable {
                         adopt(cfg, data, state_params, origin, h, i, r)?
                     } else {
-                        (None, 0.0)
+                        (Adoption::Keep, 0.0)
                     };
                     m.adopt_bytes = bytes;
                     match model {
-                        Some(a) => {
+                        Adoption::Adopt(a) => {
                             adopted += 1;
                             // Its update was trained on the model it leaves: it is not applied.
                             m.update = vec![0.0; sent.len()];
@@ -411,7 +450,11 @@ pub(super) fn exchange(
                                 *j = Some(h);
                             }
                         }
-                        None => {
+                        Adoption::Refuse => {
+                            adopt_refused += 1;
+                            bans += usize::from(refuse(view, &h));
+                        }
+                        Adoption::Keep => {
                             adopt_refused += usize::from(joinable);
                             view.forget(&h);
                         }
@@ -453,13 +496,13 @@ fn adopt(
     h: u32,
     i: usize,
     r: &Round<'_, '_>,
-) -> Result<(Option<Vec<f32>>, f64), LearnError> {
+) -> Result<(Adoption, f64), LearnError> {
     let (Some(hub), Some(own)) = (params.get(h as usize), params.get(i)) else {
-        return Ok((None, 0.0));
+        return Ok((Adoption::Keep, 0.0));
     };
     if hub == origin {
         // The hub has applied no update yet (its header says round 0): nothing to fetch.
-        return Ok((Some(own.clone()), 0.0));
+        return Ok((Adoption::Keep, 0.0));
     }
     let mut served = hub.clone();
     if let Some(Some(attack)) = data.hostile.get(h as usize) {
@@ -481,10 +524,7 @@ fn adopt(
             .map_or(0.0, |p| p.header_bytes as f64);
     let cumulative = decode(&body, r.spec)?;
     let model: Vec<f32> = origin.iter().zip(&cumulative).map(|(o, c)| o + c).collect();
-    if let Err(e) = check_adoption(own, &model, origin, ADOPT_MAX_RATIO) {
-        tracing::debug!(node = i, hub = h, %e, "hub model refused");
-        return Ok((None, bytes));
-    }
+    let far = check_adoption(own, &model, origin, ADOPT_MAX_RATIO).err();
     // The node's own data decides: a model of its task scores on its shard about as well as its
     // own model; another task's, or a corrupted one, does not.
     let shard = data
@@ -504,7 +544,21 @@ fn adopt(
             hub_acc,
             "hub model scores too low"
         );
-        return Ok((None, bytes));
+        return Ok((Adoption::Refuse, bytes));
     }
-    Ok((Some(model), bytes))
+    if let Some(e) = far {
+        tracing::debug!(node = i, hub = h, %e, "hub model kept at a distance");
+        return Ok((Adoption::Keep, bytes));
+    }
+    Ok((Adoption::Adopt(model), bytes))
+}
+
+/// The member's data refused hub `h`'s model: it forgets the hub, and bans it if the hub failed
+/// its previous check too ([`Cohort::failed`]). Returns whether it banned it.
+fn refuse(view: &mut Cohort<u32>, h: &u32) -> bool {
+    let banned = view.failed(h);
+    if !banned {
+        view.forget(h);
+    }
+    banned
 }
