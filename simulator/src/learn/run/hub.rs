@@ -23,8 +23,8 @@
 //!    if its data refuses that model (another task's, or a corrupted one) it applies nothing and
 //!    forgets the hub, and bans it at the second refusal. A refused member tries the same
 //!    adoption (its model may have drifted from the cohort's) and forgets the hub if that fails
-//!    (bans it, at the second refusal by its data). A node without a merge applies what it sent (its own
-//!    update as its peers would have seen it, so its error feedback stays exact).
+//!    (bans it, at the second refusal by its data). A node without a merge applies what it sent
+//!    (its own update as its peers would have seen it, so its error feedback stays exact).
 //!
 //! Bytes: a push is a request, the header and the body; an answer the merge's header and body
 //! and 95 bytes per peer listed (a `PeerId` and one address, as in a Kademlia answer), or a
