@@ -1412,7 +1412,7 @@ mod tests {
         let r = run(&cfg, &quiet).unwrap();
         // Before both checks (a hub measured pushers only against each other; a member whose
         // data refused the hub's model still applied its merges) this run stayed at 0.65-0.80
-        // purity to its end. With them it reaches 1.0 in round 4.
+        // purity from round 3 to its end. With them it reaches 1.0 in round 4.
         for s in &r.policies[0].rounds[5..] {
             assert_eq!(s.purity, 1.0, "round {}", s.round);
             assert!(s.partners > 2.0, "round {}: {}", s.round, s.partners);

@@ -215,7 +215,7 @@ pub(super) fn exchange(
 
     // 3. Merge at every hub somebody pushed to.
     let spec = state.spec.clone();
-    let anchors: Vec<f32> = state.cohorts.iter().map(Cohort::anchor).collect();
+    let cohorts = &state.cohorts;
     let merges: Vec<Option<HubMerge>> = state
         .hub_distillers
         .par_iter_mut()
@@ -228,7 +228,7 @@ pub(super) fn exchange(
             let mut admitted: Vec<(f32, u32)> =
                 members.iter().map(|&m| (cosine(h, m), m)).collect();
             admitted.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-            let anchor = anchors.get(h).copied().unwrap_or(f32::NEG_INFINITY);
+            let anchor = cohorts.get(h).map_or(f32::NEG_INFINITY, Cohort::anchor);
             cfg.gate
                 .retain_admitted_near(anchor, &mut admitted, |x| x.0);
             let admitted: Vec<u32> = admitted.into_iter().map(|x| x.1).collect();
