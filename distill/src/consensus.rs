@@ -9,8 +9,9 @@
 //! partner's model and moves a share of the way toward it.
 //!
 //! A [`snapshot`] is a model as its cumulative update from the swarm's common initial model,
-//! in a packet body of dense int8 layers (one scale each): the same wire format, decoder and
-//! size bounds as any outcome-packet body, at 1 byte per parameter. [`pull`] validates what
+//! in a packet body of int8 layers (one scale each): the same wire format, decoder and size
+//! bounds as any outcome-packet body, at 1 byte per parameter or less (a layer whose quantised
+//! values are mostly zero goes sparse). [`pull`] validates what
 //! came back and bounds the step by the node's own motion this round, so a snapshot from a
 //! hostile peer moves a node no farther than a clipped update would.
 //!
@@ -29,7 +30,7 @@
 //! ```
 
 use kindred_kernels::{Backend, Kernels, QuantizeError, Rounding};
-use kindred_proto::{DenseValues, LayerPayload, ModelSpec, PacketBody};
+use kindred_proto::{DenseValues, LayerPayload, ModelSpec, PacketBody, TopK, encoded_layer_len};
 
 use crate::layout::Layout;
 
@@ -170,9 +171,10 @@ fn check_len(expected: usize, found: usize) -> Result<(), ConsensusError> {
     }
 }
 
-/// The model `params` as a packet body: its cumulative update `params − origin`, one dense int8
+/// The model `params` as a packet body: its cumulative update `params − origin`, one int8
 /// layer per layer of `spec`, each with the scale `max |value| / 127` (`Kernels::quantize_i8`,
-/// round to nearest).
+/// round to nearest). A layer goes as a sparse [`TopK`] of its non-zero quantised values when
+/// that is smaller than dense int8; it decodes to the same values.
 ///
 /// Why int8: a pull moves halfway toward the snapshot, so its error enters the model at half
 /// of one quantisation step per layer, well under the minibatch noise of a round; f16 costs
@@ -217,9 +219,41 @@ pub fn snapshot(
                     found: values.len(),
                 },
             })?;
-        layers.push(LayerPayload::Dense(DenseValues::Int8 { values, scale }));
+        layers.push(smaller_int8(values, scale));
     }
     Ok(PacketBody { layers })
+}
+
+/// The int8 layer `values · scale` as whichever payload is smaller on the wire: dense, or
+/// sparse with exactly its non-zero values (a [`TopK`] whose zeros are the values that
+/// quantised to zero). Both decode to the same numbers.
+///
+/// Why: a young model's cumulative update is a sum of a few sparse merges, and in any
+/// heavy-tailed layer most values round to zero at `max |x| / 127`; a snapshot then costs
+/// what it carries, not a byte per parameter.
+fn smaller_int8(values: Vec<i8>, scale: f32) -> LayerPayload {
+    let kept: Vec<(u32, i8)> = values
+        .iter()
+        .enumerate()
+        .filter(|&(_, &v)| v != 0)
+        .map(|(i, &v)| (i as u32, v))
+        .collect();
+    // Sparse needs at least one byte per kept index and value: never smaller past half.
+    if kept.len() * 2 >= values.len() {
+        return LayerPayload::Dense(DenseValues::Int8 { values, scale });
+    }
+    let sparse = LayerPayload::TopK(TopK {
+        len: values.len() as u32,
+        indices: kept.iter().map(|&(i, _)| i).collect(),
+        values: kept.iter().map(|&(_, v)| v).collect(),
+        scale,
+    });
+    let dense = LayerPayload::Dense(DenseValues::Int8 { values, scale });
+    if encoded_layer_len(&sparse) < encoded_layer_len(&dense) {
+        sparse
+    } else {
+        dense
+    }
 }
 
 /// Move `params` a share of the way toward the partner model `origin + partner` (a decoded
@@ -280,7 +314,9 @@ pub fn pull(
 mod tests {
     use super::*;
     use crate::decode;
-    use kindred_proto::{DType, HeaderFields, LayerSpec, decode_body, decode_header, seal};
+    use kindred_proto::{
+        DType, HeaderFields, LayerSpec, decode_body, decode_header, encode_body, seal,
+    };
     use libp2p_identity::ed25519;
     use proptest::prelude::*;
 
@@ -376,14 +412,69 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_mostly_zero_layer_goes_sparse_and_decodes_to_the_same_values() {
+        let spec = ModelSpec::new(vec![
+            LayerSpec::new("sparse", [1000], DType::F32),
+            LayerSpec::new("dense", [100], DType::F32),
+        ])
+        .unwrap();
+        let origin = vec![0.0; 1100];
+        let mut params = origin.clone();
+        // 50 of 1,000 values moved, one far enough that small ones quantise to zero too.
+        for i in (0..1000).step_by(20) {
+            params[i] = 0.01 * (i as f32 + 20.0);
+        }
+        params[3] = 1e-6;
+        for (i, p) in params[1000..].iter_mut().enumerate() {
+            *p = 1.0 + i as f32 * 0.01;
+        }
+        let body = snapshot(&params, &origin, &spec).unwrap();
+        let LayerPayload::TopK(t) = &body.layers[0] else {
+            panic!("{:?}", body.layers[0].kind())
+        };
+        // Index 3 rounds to zero at this scale: it is not carried, as dense int8 would carry 0.
+        assert_eq!(t.indices.len(), 50);
+        assert!(matches!(
+            body.layers[1],
+            LayerPayload::Dense(DenseValues::Int8 { .. })
+        ));
+        assert!(
+            encode_body(&body).len() < 1100 / 2,
+            "{}",
+            encode_body(&body).len()
+        );
+        // The same values as the dense int8 layer: zeros are exact, the rest within half a step.
+        let back = decode(&body, &spec).unwrap();
+        let step = 0.01 * 1000.0 / 127.0;
+        for (i, (b, p)) in back.iter().zip(&params).take(1000).enumerate() {
+            if i % 20 == 0 {
+                assert!((b - p).abs() <= step / 2.0 + 1e-6, "{i}: {b} vs {p}");
+            } else {
+                assert_eq!(*b, 0.0, "{i}");
+            }
+        }
+    }
+
     proptest! {
         #[test]
         fn a_snapshot_is_within_half_a_step_of_the_model(
             params in prop::collection::vec(-100.0f32..100.0, 16),
             origin in prop::collection::vec(-100.0f32..100.0, 16),
+            moved in prop::collection::vec(prop::bool::weighted(0.3), 16),
         ) {
+            // Parameters that did not move make mostly-zero layers, which go sparse.
+            let params: Vec<f32> = params
+                .iter()
+                .zip(&origin)
+                .zip(&moved)
+                .map(|((&p, &o), &m)| if m { p } else { o })
+                .collect();
             let spec = spec();
             let back = decode(&snapshot(&params, &origin, &spec).unwrap(), &spec).unwrap();
+            for (i, &m) in moved.iter().enumerate() {
+                prop_assert!(m || back[i] == 0.0, "{i}: {}", back[i]);
+            }
             for range in [0..12, 12..16] {
                 let max = range.clone().map(|i| (params[i] - origin[i]).abs()).fold(0f32, f32::max);
                 for i in range {

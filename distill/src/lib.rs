@@ -13,7 +13,7 @@
 //!   cheap enough for the simulator to run for thousands of virtual nodes.
 //! - [`synthesize`]: the robust, similarity-weighted merge of the own update with peers', which
 //!   rejects scaled and sign-flipped updates and says why.
-//! - [`snapshot`] and [`pull`]: a model as a dense int8 body, and the gossip-averaging step that
+//! - [`snapshot`] and [`pull`]: a model as an int8 body (sparse where mostly zero), and the gossip-averaging step that
 //!   moves a node part of the way toward a partner's model (merging updates alone lets models
 //!   drift apart).
 //! - [`check_aggregate`] and [`check_adoption`]: what a member of a hub exchange checks before

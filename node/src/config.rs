@@ -178,9 +178,9 @@ pub struct NodeConfig {
     /// (the next of that half when one has none to give, at most
     /// [`crate::run::SNAPSHOT_TRIES`] asked), and moves `snapshot_share` of the way toward it.
     /// Merging updates alone lets the models of nodes with the same data drift apart; this pulls
-    /// them back together, for one dense int8 model (one byte per parameter) fetched per pull. With 0 the merge's cosine gate also
-    /// stays at 0 instead of following the peers' noise level
-    /// (`kindred_distill::SynthConfig::for_node`).
+    /// them back together, for one int8 model (at most one byte per parameter) fetched per
+    /// pull. With 0 the merge's cosine gate also stays at 0 instead of following the peers'
+    /// noise level (`kindred_distill::SynthConfig::for_node`).
     pub snapshot_every: u64,
     /// Share of the distance to the partner's model a pull covers, in (0, 1]; the step is also
     /// clipped to twice the norm of the node's own merged update that round.

@@ -470,7 +470,8 @@ impl Engine {
     }
 
     /// Seal the node's model as it stands (its cumulative update since the swarm's common
-    /// initial model, dense int8 with one scale per layer) as the snapshot peers fetch; call
+    /// initial model, int8 with one scale per layer, `kindred_distill::snapshot`) as the snapshot
+    /// peers fetch; call
     /// after [`Engine::merge`].
     ///
     /// # Errors

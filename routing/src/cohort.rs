@@ -146,6 +146,45 @@ impl<P: Clone + Ord> Cohort<P> {
         &self.members
     }
 
+    /// What the node lists in its answer as a hub, with ranks: itself and its known peers, less
+    /// those ranked below it other than `joined`, the hub whose merge it took last (if any).
+    ///
+    /// Why: a member pushes to the lowest rank it knows, so a lower-ranked peer that the hub
+    /// lists becomes the members' hub. The hub has not yet seen whether that peer takes it: one
+    /// found by a search may be another task's hub, which refuses it. Listed anyway, it sent a
+    /// whole cohort to a hub that refused all of them, a round of merges lost each time, and
+    /// a ban after the second time (`kindred-sim learn --setting rotation --seed 1`, rounds 11
+    /// and 21: 30 members). So members learn a lower-ranked peer from their hub only once the
+    /// hub has joined it.
+    ///
+    /// ```
+    /// use kindred_routing::cohort::Cohort;
+    ///
+    /// let mut view = Cohort::new("hub", 50, 8);
+    /// view.learn([("member", 70), ("found", 20)]);
+    /// let listed = |joined| view.listed(joined).into_iter().map(|(p, _)| p).collect::<Vec<_>>();
+    /// assert_eq!(listed(None), ["hub", "member"]); // "found" has not taken the hub yet
+    /// assert_eq!(listed(Some(&"found")), ["found", "hub", "member"]);
+    /// ```
+    pub fn listed(&self, joined: Option<&P>) -> Vec<(P, u64)> {
+        let own = (self.own_rank, &self.own);
+        let below = self
+            .members
+            .iter()
+            .take_while(|(rank, peer)| (*rank, peer) < own)
+            .filter(|(_, peer)| Some(peer) == joined);
+        let above = self
+            .members
+            .iter()
+            .skip_while(|(rank, peer)| (*rank, peer) < own);
+        let entry = |(rank, peer): &(u64, P)| (peer.clone(), *rank);
+        below
+            .map(entry)
+            .chain(std::iter::once((self.own.clone(), self.own_rank)))
+            .chain(above.map(entry))
+            .collect()
+    }
+
     /// Number of known peers.
     pub fn len(&self) -> usize {
         self.members.len()
@@ -244,6 +283,26 @@ mod tests {
         view.learn([(1, 10)]);
         view.ban(&1);
         assert_eq!(view.anchor(), 0.97);
+    }
+
+    #[test]
+    fn a_hub_lists_lower_ranks_only_once_it_has_joined_one() {
+        let mut view = Cohort::new(5u32, 50, 8);
+        view.learn([(1, 10), (2, 20), (6, 60), (7, 70)]);
+        let peers = |joined| -> Vec<u32> { view.listed(joined).into_iter().map(|e| e.0).collect() };
+        assert_eq!(peers(None), [5, 6, 7]);
+        assert_eq!(peers(Some(&2)), [2, 5, 6, 7]);
+        // A joined hub the view no longer holds (forgotten, banned) is not listed.
+        assert_eq!(peers(Some(&9)), [5, 6, 7]);
+        // A joined peer ranked above the node is listed once, as any peer above it.
+        assert_eq!(peers(Some(&6)), [5, 6, 7]);
+        // Ranks come with the peers; ties on rank are ordered by peer, as in `hub`.
+        assert_eq!(view.listed(None)[0], (5, 50));
+        let mut tie = Cohort::new(5u32, 50, 8);
+        tie.learn([(4, 50), (6, 50)]);
+        assert_eq!(tie.hub(), 4);
+        let listed: Vec<u32> = tie.listed(None).into_iter().map(|e| e.0).collect();
+        assert_eq!(listed, [5, 6]);
     }
 
     #[test]

@@ -318,7 +318,7 @@ pub struct Hostile {
 
 /// Gossip averaging of models on top of merging updates: every `every` rounds each semantic node
 /// fetches one of the partners it merged that round, at random, as a model snapshot
-/// (`kindred_distill::snapshot`, dense int8) and moves part of the way toward it
+/// (`kindred_distill::snapshot`, int8) and moves part of the way toward it
 /// (`kindred_distill::pull`), as the node does (`snapshot_every`, `snapshot_share`).
 ///
 /// Merging updates alone lets nodes' models drift apart; the consensus figure

@@ -1326,8 +1326,8 @@ mod tests {
                 .iter()
                 .all(|s| s.snapshot_bytes_per_node == 0.0)
         );
-        // Every other round (1 and 3), each node that merged somebody fetches one dense int8
-        // model: 1 byte per parameter plus framing, a header and the request.
+        // Every other round (1 and 3), each node that merged somebody fetches one int8 model: at
+        // most 1 byte per parameter plus framing, a header and the request.
         let model = r.params as f64;
         for s in &snap.rounds {
             if s.round % 2 == 1 {

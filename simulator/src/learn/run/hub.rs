@@ -322,17 +322,13 @@ pub(super) fn exchange(
             *c = view.learn(listed);
         }
     }
-    // 5. Apply, and learn from the answers: the hub's view, itself included.
+    // 5. Apply, and learn from the answers: the hub's view, itself included, less the peers
+    // ranked below it that it has not joined (`Cohort::listed`).
     let listed: Vec<Vec<(u32, u64)>> = merges
         .iter()
         .enumerate()
         .map(|(h, m)| match (m, state.cohorts.get(h)) {
-            (Some(_), Some(view)) => view
-                .ranked()
-                .iter()
-                .map(|&(rk, p)| (p, rk))
-                .chain(std::iter::once((h as u32, rank(h as u32))))
-                .collect(),
+            (Some(_), Some(view)) => view.listed(state.joined.get(h).and_then(Option::as_ref)),
             _ => Vec::new(),
         })
         .collect();
@@ -485,8 +481,8 @@ pub(super) fn exchange(
     })
 }
 
-/// Member `i` joins hub `h`: it fetches the hub's model as a snapshot (dense int8 cumulative
-/// update, corrupted by a hostile hub) and adopts it if [`check_adoption`] passes. Returns the
+/// Member `i` joins hub `h`: it fetches the hub's model as a snapshot (int8 cumulative update,
+/// sparse where most of a layer is zero, corrupted by a hostile hub) and adopts it if [`check_adoption`] passes. Returns the
 /// model to adopt, if any, and the bytes of the fetch.
 fn adopt(
     cfg: &LearnConfig,
