@@ -11,9 +11,9 @@
 //! A [`snapshot`] is a model as its cumulative update from the swarm's common initial model,
 //! in a packet body of int8 layers (one scale each): the same wire format, decoder and size
 //! bounds as any outcome-packet body, at 1 byte per parameter or less (a layer whose quantised
-//! values are mostly zero goes sparse). [`pull`] validates what
-//! came back and bounds the step by the node's own motion this round, so a snapshot from a
-//! hostile peer moves a node no farther than a clipped update would.
+//! values are mostly zero goes sparse). [`pull`] validates what came back and bounds the step
+//! by the node's own motion this round, so a snapshot from a hostile peer moves a node no
+//! farther than a clipped update would.
 //!
 //! ```
 //! use kindred_distill::{PullConfig, decode, pull, snapshot};
@@ -232,20 +232,21 @@ pub fn snapshot(
 /// heavy-tailed layer most values round to zero at `max |x| / 127`; a snapshot then costs
 /// what it carries, not a byte per parameter.
 fn smaller_int8(values: Vec<i8>, scale: f32) -> LayerPayload {
-    let kept: Vec<(u32, i8)> = values
+    // Sparse needs at least one byte per kept index and value: never smaller past half.
+    if values.iter().filter(|&&v| v != 0).count() * 2 >= values.len() {
+        return LayerPayload::Dense(DenseValues::Int8 { values, scale });
+    }
+    // A layer's length fits in u32: `ModelSpec` bounds it by `MAX_LAYER_ELEMS`.
+    let (indices, kept): (Vec<u32>, Vec<i8>) = values
         .iter()
         .enumerate()
         .filter(|&(_, &v)| v != 0)
         .map(|(i, &v)| (i as u32, v))
-        .collect();
-    // Sparse needs at least one byte per kept index and value: never smaller past half.
-    if kept.len() * 2 >= values.len() {
-        return LayerPayload::Dense(DenseValues::Int8 { values, scale });
-    }
+        .unzip();
     let sparse = LayerPayload::TopK(TopK {
         len: values.len() as u32,
-        indices: kept.iter().map(|&(i, _)| i).collect(),
-        values: kept.iter().map(|&(_, v)| v).collect(),
+        indices,
+        values: kept,
         scale,
     });
     let dense = LayerPayload::Dense(DenseValues::Int8 { values, scale });

@@ -13,9 +13,9 @@
 //! No coordinator picks the hub. Each member holds a [`Cohort`]: the peers it knows to be of its
 //! task (found through the semantic keys, admitted by the cosine gate, or listed by its hub), each
 //! with a **rank** derived from its identity ([`hub_rank`]). A member's hub is the
-//! lowest-ranked peer it knows, itself included, and the hub's answer lists the hub's own view, so
-//! the views of a connected cohort grow to the same set within a few rounds and its members
-//! agree on the hub. A hub whose merged update fails a member's check (`kindred_distill::
+//! lowest-ranked peer it knows, itself included, and the hub's answer lists the hub's own view
+//! (less the lower ranks it has not joined yet, [`Cohort::listed`]), so the views of a connected
+//! cohort grow to the same set within a few rounds and its members agree on the hub. A hub whose merged update fails a member's check (`kindred_distill::
 //! check_aggregate`) twice in a row ([`HUB_STRIKES`]) is banned by that member, which moves on to
 //! the next rank; a hub that refuses a member (another task) is forgotten, and may be relearned
 //! later. A hub admits pushers against the nearest of them and its [`Cohort::anchor`], the

@@ -16,7 +16,8 @@
 //!    [`kindred_routing::Cohort::anchor`] (its own task's nearest peer at its last merge). It
 //!    merges its own sent update with the admitted members' (`kindred_distill::synthesize`),
 //!    distills the merge with its own error feedback and sends it back, with the peers of its
-//!    view the member has not heard of. A hostile hub corrupts its merge by its attack.
+//!    view the member has not heard of, less the lower ranks it has not joined
+//!    ([`kindred_routing::Cohort::listed`]). A hostile hub corrupts its merge by its attack.
 //! 4. **Apply**: a member applies the merge if it passes `kindred_distill::check_aggregate`
 //!    against what it sent, and bans the hub after two failures in a row. The first time it
 //!    applies a hub's merge it adopts the hub's model ([`adopt`]), so the cohort holds one model;
