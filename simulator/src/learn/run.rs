@@ -1420,6 +1420,24 @@ mod tests {
     }
 
     #[test]
+    fn a_hub_heading_another_task_is_refused_by_its_own_data() {
+        // `kindred-sim learn --nodes 64 --setting rotation --seed 4`: in round 1 node 4, of
+        // cluster 0, is the hub of 8 nodes of cluster 2, whose data accepted its young model.
+        // Its own data scores the merge 0.36 below its own update, and it stops serving them.
+        // Without that check it headed them to the end, at purity 0.967 from round 3.
+        let mut cfg = LearnConfig::new(64, 4);
+        cfg.seed = 4;
+        cfg.setting = Setting::Rotation { clusters: 4 };
+        cfg.eval_examples = 100;
+        cfg.eval_nodes = 4;
+        cfg.policies = vec![PolicySpec::kindred_hub()];
+        let r = run(&cfg, &quiet).unwrap();
+        let round3 = &r.policies[0].rounds[3];
+        assert_eq!(round3.purity, 1.0);
+        assert!(round3.partners > 2.0, "{}", round3.partners);
+    }
+
+    #[test]
     fn a_denser_hub_answers_with_more_bytes_and_members_push_the_same() {
         let mut cfg = small();
         // Members push at the warm-up's densities in rounds 0-3; hubs answer at their own
