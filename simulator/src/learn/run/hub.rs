@@ -275,9 +275,13 @@ pub(super) fn exchange(
             } = merge_with(&spec, h, &admitted, (r.sent)(h), &exchange, members.len())?;
             // The hub's own data checks the merge against its own update: a cohort of another
             // task, which the hub ended up heading while tasks' models were young, scores far
-            // lower on it. The hub then serves nobody, and its pushers forget it.
+            // lower on it (so does a merge that hostile members' updates got into). The hub then
+            // serves nobody, and its pushers forget it. A hostile hub serves its attack anyway.
+            let honest = data.hostile.get(h).is_none_or(Option::is_none);
             let drop = match params.get(h) {
-                Some(p) if r.round > 0 => data_drop(cfg, data, h, p, (r.sent)(h), &merged)?,
+                Some(p) if r.round > 0 && honest => {
+                    data_drop(cfg, data, h, p, (r.sent)(h), &merged)?
+                }
                 _ => 0.0,
             };
             if drop > ADOPT_MAX_DROP {
