@@ -167,21 +167,20 @@ impl<P: Clone + Ord> Cohort<P> {
     /// assert_eq!(listed(Some(&"found")), ["found", "hub", "member"]);
     /// ```
     pub fn listed(&self, joined: Option<&P>) -> Vec<(P, u64)> {
+        // `members` is sorted by `(rank, peer)`: one binary search splits it around the node
+        // (`partition_point` is at most `len`, so the split cannot panic).
         let own = (self.own_rank, &self.own);
-        let below = self
-            .members
-            .iter()
-            .take_while(|(rank, peer)| (*rank, peer) < own)
-            .filter(|(_, peer)| Some(peer) == joined);
-        let above = self
-            .members
-            .iter()
-            .skip_while(|(rank, peer)| (*rank, peer) < own);
+        let (below, above) = self.members.split_at(
+            self.members
+                .partition_point(|(rank, peer)| (*rank, peer) < own),
+        );
         let entry = |(rank, peer): &(u64, P)| (peer.clone(), *rank);
         below
+            .iter()
+            .filter(|(_, peer)| Some(peer) == joined)
             .map(entry)
             .chain(std::iter::once((self.own.clone(), self.own_rank)))
-            .chain(above.map(entry))
+            .chain(above.iter().map(entry))
             .collect()
     }
 

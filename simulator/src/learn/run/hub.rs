@@ -18,15 +18,15 @@
 //!    distills the merge with its own error feedback and sends it back, with the peers of its
 //!    view the member has not heard of, less the lower ranks it has not joined
 //!    ([`kindred_routing::Cohort::listed`]). A hostile hub corrupts its merge by its attack.
-//!    From round 1 the hub's own data checks the merge ([`data_drop`]): if it scores more than
+//!    From round 1 the hub's own data checks the merge ([`merge_drop`]): if it scores more than
 //!    25 points below the hub's own update on the hub's shard, the hub heads another task's
 //!    cohort; it serves nobody, and it and its pushers forget each other.
 //! 4. **Apply**: a member applies the merge if it passes `kindred_distill::check_aggregate`
-//!    against what it sent and its own data's check ([`data_drop`], as the hub's), and bans
-//!    the hub after two failures in a row. The first time it
-//!    applies a hub's merge it adopts the hub's model ([`adopt`]), so the cohort holds one model;
-//!    if its data refuses that model (another task's, or a corrupted one) it applies nothing and
-//!    forgets the hub, and bans it at the second refusal. A refused member tries the same
+//!    against what it sent and its own data's check ([`merge_drop`], as the hub's), and bans
+//!    the hub after two failures in a row. The first time it applies a hub's merge it adopts
+//!    the hub's model ([`adopt`]), so the cohort holds one model; if its data refuses that
+//!    model (another task's, or a corrupted one) it applies nothing and forgets the hub, and
+//!    bans it at the second refusal. A refused member tries the same
 //!    adoption (its model may have drifted from the cohort's) and forgets the hub if that fails
 //!    (bans it, at the second refusal by its data). A node without a merge applies what it sent
 //!    (its own update as its peers would have seen it, so its error feedback stays exact).
@@ -70,7 +70,7 @@ const ADOPT_MAX_RATIO: f32 = 1.0;
 struct HubMerge {
     /// Members the cosine gate admitted: they receive the merge.
     admitted: Vec<u32>,
-    /// Members the hub's own data refused with their merge ([`data_drop`]): another task's
+    /// Members the hub's own data refused with their merge ([`merge_drop`]): another task's
     /// cohort. They receive nothing, and forget the hub.
     foreign: Vec<u32>,
     /// Members whose updates are in the merge (accepted by the robust merge).
@@ -278,11 +278,10 @@ pub(super) fn exchange(
             // lower on it (so does a merge that hostile members' updates got into). The hub then
             // serves nobody, and its pushers forget it. A hostile hub serves its attack anyway.
             let honest = data.hostile.get(h).is_none_or(Option::is_none);
-            let drop = match params.get(h) {
-                Some(p) if r.round > 0 && honest => {
-                    data_drop(cfg, data, h, p, (r.sent)(h), &merged)?
-                }
-                _ => 0.0,
+            let drop = if r.round > 0 && honest {
+                merge_drop(cfg, data, params, h, (r.sent)(h), &merged)?
+            } else {
+                0.0
             };
             if drop > ADOPT_MAX_DROP {
                 tracing::debug!(
@@ -424,11 +423,10 @@ pub(super) fn exchange(
                             // once the tasks' models have moved apart (a joining member's data
                             // checks the hub's model instead, below).
                             let member = joined.get(i).copied().flatten() == Some(h);
-                            let drop = match state_params.get(i) {
-                                Some(p) if member && r.round > 0 => {
-                                    data_drop(cfg, data, i, p, sent, &x.served)?
-                                }
-                                _ => 0.0,
+                            let drop = if member && r.round > 0 {
+                                merge_drop(cfg, data, state_params, i, sent, &x.served)?
+                            } else {
+                                0.0
                             };
                             if drop > ADOPT_MAX_DROP {
                                 tracing::debug!(
@@ -556,8 +554,10 @@ pub(super) fn exchange(
 }
 
 /// Member `i` joins hub `h`: it fetches the hub's model as a snapshot (int8 cumulative update,
-/// sparse where most of a layer is zero, corrupted by a hostile hub) and adopts it if [`check_adoption`] passes. Returns the
-/// model to adopt, if any, and the bytes of the fetch.
+/// sparse where most of a layer is zero, corrupted by a hostile hub). Its data refuses the
+/// model if it scores more than [`ADOPT_MAX_DROP`] below its own ([`shard_drop`]); otherwise
+/// it adopts it if [`check_adoption`] passes, and keeps its own model if not. Returns what it
+/// makes of the model ([`Adoption`]) and the bytes of the fetch.
 fn adopt(
     cfg: &LearnConfig,
     data: &Data,
@@ -597,23 +597,9 @@ fn adopt(
     let far = check_adoption(own, &model, origin, ADOPT_MAX_RATIO).err();
     // The node's own data decides: a model of its task scores on its shard about as well as its
     // own model; another task's, or a corrupted one, does not.
-    let shard = data
-        .train
-        .get(i)
-        .ok_or_else(|| LearnError::Config("no shard".into()))?;
-    let mut m = Model::new(cfg.arch, 0)?;
-    m.set_params(own)?;
-    let own_acc = m.accuracy(shard)?;
-    m.set_params(&model)?;
-    let hub_acc = m.accuracy(shard)?;
-    if hub_acc < own_acc - ADOPT_MAX_DROP {
-        tracing::debug!(
-            node = i,
-            hub = h,
-            own_acc,
-            hub_acc,
-            "hub model scores too low"
-        );
+    let drop = shard_drop(cfg, data, i, own, &model)?;
+    if drop > ADOPT_MAX_DROP {
+        tracing::debug!(node = i, hub = h, drop, "hub model scores too low");
         return Ok((Adoption::Refuse, bytes));
     }
     if let Some(e) = far {
@@ -623,37 +609,52 @@ fn adopt(
     Ok((Adoption::Adopt(model), bytes))
 }
 
-/// How much lower node `i`'s own shard scores `params + merge` than `params + own`, its own
-/// update: about 0 for a merge of its task (at most 0.14 in the runs measured, where its own
-/// update fits its shard), 0.3-0.5 for another task's (`kindred-sim learn --setting rotation
-/// --seed 4`, a hub of cluster 0 heading 8 nodes of cluster 2).
-fn data_drop(
+/// How much lower node `i`'s own shard scores `params[i] + merge` than `params[i] + own`, its
+/// own update ([`shard_drop`]): at most 0.14 for a hub's merge of its own task (iid, where the
+/// own update fits the shard it was trained on), 0.36-0.49 for a hub of cluster 0 heading 8
+/// nodes of cluster 2 (`kindred-sim learn --setting rotation --seed 4`).
+fn merge_drop(
+    cfg: &LearnConfig,
+    data: &Data,
+    params: &[Vec<f32>],
+    i: usize,
+    own: &[f32],
+    merge: &[f32],
+) -> Result<f32, LearnError> {
+    let p = params
+        .get(i)
+        .ok_or_else(|| LearnError::Config("no parameters".into()))?;
+    let moved = |u: &[f32]| -> Vec<f32> { p.iter().zip(u).map(|(p, u)| p + u).collect() };
+    shard_drop(cfg, data, i, &moved(own), &moved(merge))
+}
+
+/// Accuracy of `reference` on node `i`'s own shard minus that of `candidate`: the one check by
+/// data that joining a hub ([`adopt`]) and applying a merge ([`merge_drop`]) share.
+fn shard_drop(
     cfg: &LearnConfig,
     data: &Data,
     i: usize,
-    params: &[f32],
-    own: &[f32],
-    merge: &[f32],
+    reference: &[f32],
+    candidate: &[f32],
 ) -> Result<f32, LearnError> {
     let shard = data
         .train
         .get(i)
         .ok_or_else(|| LearnError::Config("no shard".into()))?;
     let mut m = Model::new(cfg.arch, 0)?;
-    let mut score = |update: &[f32]| -> Result<f32, LearnError> {
-        let moved: Vec<f32> = params.iter().zip(update).map(|(p, u)| p + u).collect();
-        m.set_params(&moved)?;
-        Ok(m.accuracy(shard)?)
-    };
-    Ok(score(own)? - score(merge)?)
+    m.set_params(reference)?;
+    let reference = m.accuracy(shard)?;
+    m.set_params(candidate)?;
+    Ok(reference - m.accuracy(shard)?)
 }
 
-/// The member's data refused hub `h`'s model: it forgets the hub, and bans it if the hub failed
-/// its previous check too ([`Cohort::failed`]). Returns whether it banned it.
-fn refuse(view: &mut Cohort<u32>, h: &u32) -> bool {
-    let banned = view.failed(h);
+/// The node's data refused peer `p` (a member its hub's model or merge, a hub its pushers'
+/// merge): it forgets the peer, and bans it if the peer failed its previous check too
+/// ([`Cohort::failed`]). Returns whether it banned it.
+fn refuse(view: &mut Cohort<u32>, p: &u32) -> bool {
+    let banned = view.failed(p);
     if !banned {
-        view.forget(h);
+        view.forget(p);
     }
     banned
 }
