@@ -266,6 +266,21 @@ fn apply_budget(plans: &mut [LayerPlan], stats: &[Stats], budget: usize) {
             }
         }
     }
+    // The last pass priced each `k` at the previous pass's density, so the estimate can
+    // overshoot by a few bytes: take entries from the largest layer until it fits.
+    let len_of = |j: usize| topk.get(j).and_then(|&i| stats.get(i)).map_or(1, |s| s.len);
+    for _ in 0..64 {
+        let total = fixed
+            + ks.iter()
+                .enumerate()
+                .map(|(j, &k)| estimate_bytes(LayerPlan::TopK { k }, len_of(j)))
+                .sum::<usize>();
+        let largest = ks.iter_mut().filter(|k| **k > 1).max_by_key(|k| **k);
+        match largest {
+            Some(k) if total > budget => *k -= (total - budget).div_ceil(2).min(*k - 1),
+            _ => break,
+        }
+    }
     for (&i, &k) in topk.iter().zip(&ks) {
         if let Some(p) = plans.get_mut(i) {
             *p = LayerPlan::TopK { k };
@@ -364,6 +379,35 @@ mod tests {
                 assert!(a > b * 3 / 2, "louder layer gets more entries: {a} vs {b}");
             }
             other => panic!("{other:?}"),
+        }
+    }
+
+    proptest::proptest! {
+        /// Whatever the budget and the layers' energies, the plan's estimate stays within the
+        /// budget whenever one entry per top-k layer fits.
+        #[test]
+        fn a_byte_budget_is_never_exceeded(
+            budget in 1_000usize..300_000,
+            variances in proptest::collection::vec(0.001f32..100.0, 5),
+        ) {
+            let p = Policy {
+                byte_budget: Some(budget),
+                tau_low: -1.0,
+                ..Policy::default()
+            };
+            let lens = [100_000, 100_000, 10_000, 1000, 100];
+            let s: Vec<Stats> = lens.iter().zip(&variances).map(|(&n, &v)| stats(n, v)).collect();
+            let plans = p.plan(&layers(), &s, 10);
+            let bytes: usize = plans.iter().zip(&s).map(|(pl, st)| estimate_bytes(*pl, st.len)).sum();
+            let least: usize = plans
+                .iter()
+                .zip(&s)
+                .map(|(pl, st)| match pl {
+                    LayerPlan::TopK { .. } => estimate_bytes(LayerPlan::TopK { k: 1 }, st.len),
+                    other => estimate_bytes(*other, st.len),
+                })
+                .sum();
+            proptest::prop_assert!(bytes <= budget.max(least), "{bytes} > {budget}");
         }
     }
 

@@ -10,7 +10,9 @@
 //!    [`HubConfig::candidate_rounds`](crate::learn::HubConfig::candidate_rounds) rounds only hub
 //!    candidates announce ([`kindred_routing::is_hub_candidate`]); the others only look up.
 //! 2. **Push**: each node pushes its packet (header and body) to its hub, the lowest-ranked
-//!    peer of its view ([`kindred_routing::Cohort::hub`]), or keeps it if that is itself.
+//!    peer of its view ([`kindred_routing::Cohort::hub`]), or keeps it if that is itself. From
+//!    round 2 a node that has not joined its hub first fetches the hub's model and checks it on
+//!    its own data ([`adopt`]); if its data refuses the model it does not push.
 //! 3. **Merge**: a hub ranks the members that pushed by sketch cosine, refuses those the cosine
 //!    gate does not admit (another task), measured against the nearest of them and the hub's
 //!    [`kindred_routing::Cohort::anchor`] (its own task's nearest peer at its last merge). It
@@ -61,6 +63,15 @@ const ADOPT_MAX_DROP: f32 = 0.25;
 /// round 0 are fragments, and a fragment's hub meets the others' members (whose headers name
 /// their hub) by searching again.
 const WARMUP_SEARCHES: u64 = 3;
+
+/// First round in which a node that has not joined its hub checks the hub's model on its own
+/// data before it pushes ([`adopt`]), so that another task's node never enters the merge. In
+/// round 1 a hub's model holds one sparse merge, and a node that trained alone in round 0
+/// scored it up to 39 points lower although both were of one task (fifteenth session). Checking
+/// before the push in round 1 as well kept such updates out and cost iid 0.21 and 0.24 point on
+/// seeds 1 and 2 (BENCHMARKS.md, seventeenth session). In round 1 the node checks the model
+/// after it pushed, as it joins.
+const CHECK_BEFORE_PUSH_FROM: u64 = 2;
 
 /// How far a hub's model may be from a joining member's, as a multiple of the member's
 /// cumulative update ([`check_adoption`]).
@@ -226,11 +237,28 @@ pub(super) fn exchange(
         }));
     }
 
-    // 2. Push to the hub.
+    // 2. Push to the hub. From round `CHECK_BEFORE_PUSH_FROM`, a node that has not joined its
+    // hub fetches the hub's model first and checks it on its own data (`adopt`): if its data
+    // refuses the model (another task's), it does not push, so its update never enters that
+    // hub's merge.
     let hub_of: Vec<u32> = state.cohorts.iter().map(Cohort::hub).collect();
+    let mut joining: Vec<Option<(Adoption, f64)>> = hub_of
+        .par_iter()
+        .enumerate()
+        .map(|(i, &h)| {
+            let joins = h as usize != i && state.joined.get(i).copied().flatten() != Some(h);
+            if joins && r.round >= CHECK_BEFORE_PUSH_FROM {
+                adopt(cfg, data, &state.params, &state.origin, h, i, r).map(Some)
+            } else {
+                Ok(None)
+            }
+        })
+        .collect::<Result<_, _>>()?;
     let mut pushed: Vec<Vec<u32>> = vec![Vec::new(); n];
     for (i, &h) in hub_of.iter().enumerate() {
+        let refused = matches!(joining.get(i), Some(Some((Adoption::Refuse, _))));
         if h as usize != i
+            && !refused
             && let Some(p) = pushed.get_mut(h as usize)
         {
             p.push(i as u32);
@@ -407,6 +435,17 @@ pub(super) fn exchange(
             }
         } else {
             let me = i as u32;
+            let mut checked = joining.get_mut(i).and_then(Option::take);
+            // The fetch before the push is spent whatever the hub answers.
+            m.adopt_bytes = checked.as_ref().map_or(0.0, |c| c.1);
+            if matches!(checked, Some((Adoption::Refuse, _))) {
+                // Its data refused the hub's model before it pushed: nothing was pushed.
+                adopt_refused += 1;
+                bans += usize::from(refuse(view, &h));
+                m.update = sent.to_vec();
+                merged.push(m);
+                continue;
+            }
             m.header_bytes += REQUEST_BYTES + header(me);
             m.body_bytes += body(me);
             let c_hub = cosine(i, h);
@@ -446,8 +485,10 @@ pub(super) fn exchange(
                             // Joining a hub: adopt its model once, so that every member
                             // applies the same merges to the same model.
                             if !member {
-                                let (model, bytes) =
-                                    adopt(cfg, data, state_params, origin, h, i, r)?;
+                                let (model, bytes) = match checked.take() {
+                                    Some(c) => c,
+                                    None => adopt(cfg, data, state_params, origin, h, i, r)?,
+                                };
                                 m.adopt_bytes = bytes;
                                 match model {
                                     Adoption::Refuse => {
@@ -502,7 +543,10 @@ pub(super) fn exchange(
                     // and adopts it if its own data accepts it; the next push is admitted.
                     let joinable = hub.is_some() && joined.get(i).copied().flatten() != Some(h);
                     let (model, bytes) = if joinable {
-                        adopt(cfg, data, state_params, origin, h, i, r)?
+                        match checked.take() {
+                            Some(c) => c,
+                            None => adopt(cfg, data, state_params, origin, h, i, r)?,
+                        }
                     } else {
                         (Adoption::Keep, 0.0)
                     };
