@@ -446,6 +446,11 @@ pub(super) fn exchange(
                 merged.push(m);
                 continue;
             }
+            // Joining: the model fetched before the push, or fetched now (round 1).
+            let mut fetch = || match checked.take() {
+                Some(c) => Ok(c),
+                None => adopt(cfg, data, state_params, origin, h, i, r),
+            };
             m.header_bytes += REQUEST_BYTES + header(me);
             m.body_bytes += body(me);
             let c_hub = cosine(i, h);
@@ -485,10 +490,7 @@ pub(super) fn exchange(
                             // Joining a hub: adopt its model once, so that every member
                             // applies the same merges to the same model.
                             if !member {
-                                let (model, bytes) = match checked.take() {
-                                    Some(c) => c,
-                                    None => adopt(cfg, data, state_params, origin, h, i, r)?,
-                                };
+                                let (model, bytes) = fetch()?;
                                 m.adopt_bytes = bytes;
                                 match model {
                                     Adoption::Refuse => {
@@ -543,10 +545,7 @@ pub(super) fn exchange(
                     // and adopts it if its own data accepts it; the next push is admitted.
                     let joinable = hub.is_some() && joined.get(i).copied().flatten() != Some(h);
                     let (model, bytes) = if joinable {
-                        match checked.take() {
-                            Some(c) => c,
-                            None => adopt(cfg, data, state_params, origin, h, i, r)?,
-                        }
+                        fetch()?
                     } else {
                         (Adoption::Keep, 0.0)
                     };
