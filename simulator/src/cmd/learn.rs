@@ -76,14 +76,17 @@ pub(crate) struct LearnArgs {
     /// cosine) are neither fetched nor followed (default: kindred-routing's 4).
     #[arg(long)]
     pub(crate) max_distance_ratio: Option<f32>,
-    /// Band keys a kindred-hub node searches while it is its own hub (default 4).
+    /// Rounds a kindred-hub node trains alone before it searches for its cohort (default 2).
+    #[arg(long)]
+    pub(crate) hub_local_rounds: Option<u64>,
+    /// Band keys a kindred-hub node searches while it is its own hub (default 3).
     #[arg(long)]
     pub(crate) hub_bands: Option<u16>,
-    /// Bits per band of those keys (default 8).
+    /// Bits per band of those keys (default 4).
     #[arg(long)]
     pub(crate) hub_band_bits: Option<u8>,
     /// Top-k density every distilling policy settles at after its warm-up (default:
-    /// kindred-distill's 0.02, and 0.04 for kindred-hub).
+    /// kindred-distill's 0.02, and 0.05 for kindred-hub).
     #[arg(long)]
     pub(crate) density: Option<f32>,
     /// Top-k density a kindred-hub hub distills its merge at (default: the members' density).
@@ -154,6 +157,9 @@ impl LearnArgs {
                 "--max-distance-ratio must be a number of at least 1"
             );
             c.gate.max_distance_ratio = r;
+        }
+        if let Some(rounds) = self.hub_local_rounds {
+            c.hub.local_rounds = rounds;
         }
         if self.hub_bands.is_some() || self.hub_band_bits.is_some() {
             let keys = kindred_routing::KeyConfig::new(

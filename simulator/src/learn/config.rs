@@ -1,6 +1,8 @@
 //! What a learning run does: data setting, policies, training, evaluation, hostile nodes.
 
-use kindred_distill::{AggregateCheck, EmbeddingConfig, Policy, PullConfig, SynthConfig};
+use kindred_distill::{
+    AggregateCheck, EmbeddingConfig, MIN_GAIN_SHARE, Policy, PullConfig, SynthConfig,
+};
 use kindred_node::trainer::{Arch, Task, TrainConfig};
 use kindred_routing::{CosineGate, Discovery, KeyConfig};
 
@@ -106,12 +108,13 @@ pub struct PolicySpec {
     pub consensus: Option<Consensus>,
 }
 
-/// Top-k density of the hub exchange's packets after warm-up (`PolicySpec::kindred_hub`):
-/// twice the node's default. A member moves two compressed updates a round whatever its
+/// Top-k density of the hub exchange's packets (`PolicySpec::kindred_hub`): two and a half
+/// times the node's default. A member moves two compressed updates a round whatever its
 /// cohort's size, against one per partner in the pairwise exchange, so it can afford denser
 /// ones; on iid, 2% cost the hub exchange 0.44 point against 4% (BENCHMARKS.md, density
-/// frontier).
-pub const HUB_DENSITY: f32 = 0.04;
+/// frontier), and with local rounds 4% gave 91.03% and 5% 91.08% over seeds 1-8 for 1.7 KB
+/// more per node per round (BENCHMARKS.md, eighteenth session).
+pub const HUB_DENSITY: f32 = 0.05;
 
 impl PolicySpec {
     /// Kindred as the node runs it by default: distilled packets, semantic partners, robust
@@ -149,13 +152,18 @@ impl PolicySpec {
     }
 
     /// Kindred's packets and robust merge in the hub exchange ([`Partners::Hub`]): every member
-    /// of a cohort applies the merge its hub made of the cohort's updates.
+    /// of a cohort applies the merge its hub made of the cohort's updates. Packets go out at
+    /// [`HUB_DENSITY`] from the first: the exchange starts after [`HubConfig::local_rounds`]
+    /// of training alone, which do the distiller's warm-up's job (the first updates are the
+    /// largest), and its warm-up changed nothing measurable after them (seeds 1-16: iid 90.98
+    /// against 90.97%, rotation 91.29 against 91.32%, 12-29 B less per node per round).
     pub fn kindred_hub() -> Self {
         Self {
             name: "kindred-hub".into(),
             partners: Partners::Hub,
             compression: Compression::Distill(Policy {
                 density: HUB_DENSITY,
+                warmup: Vec::new(),
                 ..Policy::default()
             }),
             merge: Merge::Robust(SynthConfig::for_node(true)),
@@ -343,34 +351,56 @@ impl Default for Consensus {
 
 /// How nodes of the hub exchange ([`Partners::Hub`]) find their cohort and check their hub.
 ///
-/// A node needs one peer of its task to join a cohort: the hub's answers list the rest. So it
-/// searches the DHT with a few band keys only, and only while it is its own hub (which it is
-/// while it knows nobody): in rounds 0-2, then every [`HubConfig::search_every`] rounds.
+/// A node first trains alone for [`HubConfig::local_rounds`] rounds. A node needs one peer of its
+/// task to join a cohort: the hub's answers list the rest. So it then searches the DHT with a few
+/// band keys only, and only while it is its own hub (which it is while it knows nobody): in its
+/// first 3 exchange rounds, then every [`HubConfig::search_every`] rounds.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct HubConfig {
-    /// The band keys searched. Default 4 bands of 8 bits: a quarter of the keys the pairwise
-    /// exchange announces, each wide enough that most peers of the task share one.
+    /// Rounds a node trains alone before it takes part in the exchange. Default 2.
+    ///
+    /// Why: a node's embedding is the sketch of its cumulative update, and nodes that merged are
+    /// keyed on what their cohort learned, not on their data. A node that joined another task's
+    /// cohort while models were young (in round 0 the first updates of one rotated task sit at
+    /// sketch cosine 0.44-0.55 at the least with each other, those of two tasks at up to
+    /// 0.63-0.67) looked like that task from then on, and no later check could tell; rotation
+    /// purity from round 3 was 0.94-0.98 on some seeds. When a node that trained alone first
+    /// pushes (its third round of training), the sketches of one task sit at 0.80 or more with
+    /// each other and those of different rotations at 0.75 at most (`kindred-sim learn
+    /// --setting rotation --policies local`, seeds 1, 2, 5, 8), and the hub's model is
+    /// informative for the data check ([`HubConfig::min_gain_share`]): purity is 1.000 from the
+    /// first exchange round on 16 seeds of rotation and label, and accuracy is as high
+    /// (BENCHMARKS.md, eighteenth session).
+    pub local_rounds: u64,
+    /// The band keys searched. Default 3 bands of 4 bits: few keys, each so wide that nearly
+    /// every peer of the task shares one (a band of 4 bits matches a peer at sketch cosine 0.9
+    /// with probability 0.54, so 3 bands find 90% of them), which the cosine gate then sorts;
+    /// 4 bands of 8 bits left a task in fragments for 5-15 rounds.
     pub keys: KeyConfig,
     /// Multi-probe keys per search. Default 0.
     pub probes: usize,
-    /// After round 2, a node that is its own hub searches every this many rounds, to meet
-    /// cohorts of its task it has not met. Default 10: a search costs its hub about 165 KB of
-    /// Kademlia traffic at 64 nodes, and against 5 it saves 0.47 KB per node per round on iid
-    /// (seeds 1-3) for 0.02 point of accuracy.
+    /// After its first 3 exchange rounds, a node that is its own hub searches every this many
+    /// rounds, to meet cohorts of its task it has not met. Default 10: a search costs its hub
+    /// about 165 KB of Kademlia traffic at 64 nodes, and against 5 it saves 0.47 KB per node per
+    /// round on iid (seeds 1-3) for 0.02 point of accuracy.
     pub search_every: u64,
     /// One node in this many, the lowest ranks, is a hub candidate
     /// ([`kindred_routing::is_hub_candidate`]): in the first [`HubConfig::candidate_rounds`]
-    /// rounds only candidates announce, and the others only look up. Default 4; 1 makes every
-    /// node announce.
+    /// exchange rounds only candidates announce, and the others only look up. Default 4; 1 makes
+    /// every node announce.
     pub candidates: u64,
-    /// Rounds, from round 0, in which only hub candidates announce. Default 2: a node that found
-    /// no candidate in round 0 looks up again in round 1, and announces from round 2 on if it is
-    /// still alone (a cohort without candidates).
+    /// Exchange rounds, from the first, in which only hub candidates announce. Default 2: a node
+    /// that found no candidate in its first exchange round looks up again in the second, and
+    /// announces from the third on if it is still alone (a cohort without candidates).
     pub candidate_rounds: u64,
     /// Most peers a node's cohort view holds. Default 1,024.
     pub max_members: usize,
     /// What a member checks before applying its hub's merge.
     pub check: AggregateCheck,
+    /// The share of its own gain on its shard that a node's data must see a hub's model keep
+    /// before the node pushes to it and adopts it (`kindred_distill::check_by_data`). Default
+    /// `kindred_distill::MIN_GAIN_SHARE`.
+    pub min_gain_share: f32,
     /// Top-k density a hub distills its merge at, in place of the members' policy density.
     /// Default `None` (the members' density).
     pub density: Option<f32>,
@@ -379,13 +409,15 @@ pub struct HubConfig {
 impl Default for HubConfig {
     fn default() -> Self {
         Self {
-            keys: KeyConfig::new(4, 8).unwrap_or_default(),
+            local_rounds: 2,
+            keys: KeyConfig::new(3, 4).unwrap_or_default(),
             probes: 0,
             search_every: 10,
             candidates: 4,
             candidate_rounds: 2,
             max_members: 1024,
             check: AggregateCheck::default(),
+            min_gain_share: MIN_GAIN_SHARE,
             density: None,
         }
     }

@@ -1,18 +1,25 @@
 //! The hub exchange of a learning run ([`Partners::Hub`]), as each virtual node would run it.
 //!
-//! Per round:
+//! A node first trains alone for
+//! [`HubConfig::local_rounds`](crate::learn::HubConfig::local_rounds) rounds (the round loop
+//! applies its own update and sends nothing), so that when it first searches, its embedding and
+//! its model describe its data rather than a few merges of whatever cohort it met first. Then,
+//! per round (*exchange rounds* count from the first of these):
 //!
-//! 1. **Search**: a node that is its own hub (all of them in round 0) announces and looks up
-//!    [`HubConfig::keys`](crate::learn::HubConfig::keys) in the routing model ([`Overlay`]) in rounds 0-2 and then every
-//!    [`HubConfig::search_every`](crate::learn::HubConfig::search_every) rounds, asks every provider found for its header, and learns
-//!    the ones the cosine gate admits and the hubs their headers name
-//!    ([`kindred_routing::Cohort::learn`]). In the first
-//!    [`HubConfig::candidate_rounds`](crate::learn::HubConfig::candidate_rounds) rounds only hub
-//!    candidates announce ([`kindred_routing::is_hub_candidate`]); the others only look up.
+//! 1. **Search**: a node that is its own hub (all of them in the first exchange round) announces
+//!    and looks up [`HubConfig::keys`](crate::learn::HubConfig::keys) in the routing model
+//!    ([`Overlay`]) in exchange rounds 0-2 and then every
+//!    [`HubConfig::search_every`](crate::learn::HubConfig::search_every) rounds, asks every
+//!    provider found for its header, and learns the ones the cosine gate admits and the hubs
+//!    their headers name ([`kindred_routing::Cohort::learn`]). In the first
+//!    [`HubConfig::candidate_rounds`](crate::learn::HubConfig::candidate_rounds) exchange rounds
+//!    only hub candidates announce ([`kindred_routing::is_hub_candidate`]); the others only look
+//!    up.
 //! 2. **Push**: each node pushes its packet (header and body) to its hub, the lowest-ranked
-//!    peer of its view ([`kindred_routing::Cohort::hub`]), or keeps it if that is itself. From
-//!    round 2 a node that has not joined its hub first fetches the hub's model and checks it on
-//!    its own data ([`adopt`]); if its data refuses the model it does not push.
+//!    peer of its view ([`kindred_routing::Cohort::hub`]), or keeps it if that is itself. A node
+//!    that has not joined its hub first fetches the hub's model and checks it on its own data
+//!    ([`adopt`], `kindred_distill::check_by_data`); if its data refuses the model it does not
+//!    push, so another task's node never enters a merge.
 //! 3. **Merge**: a hub ranks the members that pushed by sketch cosine, refuses those the cosine
 //!    gate does not admit (another task), measured against the nearest of them and the hub's
 //!    [`kindred_routing::Cohort::anchor`] (its own task's nearest peer at its last merge). It
@@ -20,24 +27,25 @@
 //!    distills the merge with its own error feedback and sends it back, with the peers of its
 //!    view the member has not heard of, less the lower ranks it has not joined
 //!    ([`kindred_routing::Cohort::listed`]). A hostile hub corrupts its merge by its attack.
-//!    From round 1 the hub's own data checks the merge ([`data_refuses_merge`]): if it scores more than
-//!    25 points below the hub's own update on the hub's shard, the hub heads another task's
-//!    cohort; it serves nobody, and it and its pushers forget each other.
+//!    From exchange round 1 the hub's own data checks the merge ([`data_refuses_merge`]): if it
+//!    scores more than 25 points below the hub's own update on the hub's shard, the hub heads
+//!    another task's cohort; it serves nobody, and it and its pushers forget each other.
 //! 4. **Apply**: a member applies the merge if it passes `kindred_distill::check_aggregate`
 //!    against what it sent and its own data's check ([`data_refuses_merge`], as the hub's), and bans
 //!    the hub after two failures in a row. The first time it applies a hub's merge it adopts
-//!    the hub's model ([`adopt`]), so the cohort holds one model; if its data refuses that
-//!    model (another task's, or a corrupted one) it applies nothing and forgets the hub, and
-//!    bans it at the second refusal. A refused member tries the same
-//!    adoption (its model may have drifted from the cohort's) and forgets the hub if that fails
-//!    (bans it, at the second refusal by its data). A node without a merge applies what it sent
-//!    (its own update as its peers would have seen it, so its error feedback stays exact).
+//!    the hub's model it checked before the push ([`adopt`]), so the cohort holds one model. A
+//!    node the hub refused adopts that model anyway if it has not joined the hub (its model
+//!    may have drifted from the cohort's) and forgets the hub if it may not (bans it, at the
+//!    second refusal by its data). A node without a merge applies what it sent (its own update
+//!    as its peers would have seen it, so its error feedback stays exact).
 //!
 //! Bytes: a push is a request, the header and the body; an answer the merge's header and body
 //! and 95 bytes per peer listed (a `PeerId` and one address, as in a Kademlia answer), or a
 //! request-sized refusal.
 
-use kindred_distill::{check_adoption, check_aggregate, decode, snapshot};
+use kindred_distill::{
+    ShardScores, check_adoption, check_aggregate, check_by_data, decode, snapshot,
+};
 use kindred_node::trainer::Model;
 use kindred_proto::{HeaderFields, SIMHASH_BITS, SimHash, seal};
 use kindred_routing::Cohort;
@@ -54,24 +62,15 @@ use crate::routing::overlay::{Overlay, Search};
 /// Bytes of one peer entry in a hub's answer.
 const PEER_ENTRY_BYTES: f64 = 95.0;
 
-/// Largest drop in accuracy on the node's own shard that it accepts to adopt a hub's model.
-/// A model of another task (a permuted or rotated one) scores far lower; one of its own task,
-/// trained on the whole cohort's data, about as well as the node's own, which fits its shard.
-const ADOPT_MAX_DROP: f32 = 0.25;
+/// Largest drop in accuracy on a node's own shard from its own update to a merge that it
+/// accepts ([`data_refuses_merge`]): a merge of another task's cohort, or one poisoned
+/// updates got into, scores far lower.
+const MERGE_MAX_DROP: f32 = 0.25;
 
-/// Rounds from round 0 in which every node that is its own hub searches: cohorts found in
-/// round 0 are fragments, and a fragment's hub meets the others' members (whose headers name
-/// their hub) by searching again.
+/// Exchange rounds, from the first, in which every node that is its own hub searches: cohorts
+/// found in the first are fragments, and a fragment's hub meets the others' members (whose
+/// headers name their hub) by searching again.
 const WARMUP_SEARCHES: u64 = 3;
-
-/// First round in which a node that has not joined its hub checks the hub's model on its own
-/// data before it pushes ([`adopt`]), so that another task's node never enters the merge. In
-/// round 1 a hub's model holds one sparse merge, and a node that trained alone in round 0
-/// scored it up to 39 points lower although both were of one task (fifteenth session). Checking
-/// before the push in round 1 as well kept such updates out and cost iid 0.21 and 0.24 point on
-/// seeds 1 and 2 (BENCHMARKS.md, seventeenth session). In round 1 the node checks the model
-/// after it pushed, as it joins.
-const CHECK_BEFORE_PUSH_FROM: u64 = 2;
 
 /// How far a hub's model may be from a joining member's, as a multiple of the member's
 /// cumulative update ([`check_adoption`]).
@@ -142,6 +141,9 @@ pub(super) struct Round<'a, 'p> {
     /// Every node's rank in the hub order ([`ranks`]).
     pub ranks: &'p [u64],
     pub round: u64,
+    /// Rounds since the exchange began (`round` less `HubConfig::local_rounds`): what the
+    /// search schedule and the checks count.
+    pub exchange_round: u64,
 }
 
 /// The rank of every node in the hub order: `kindred_routing::hub_rank` of its `PeerId`.
@@ -194,9 +196,10 @@ pub(super) fn exchange(
         .enumerate()
         .map(|(i, c)| {
             let me = i as u32;
-            if c.hub() != me || (r.round >= WARMUP_SEARCHES && !r.round.is_multiple_of(every)) {
+            let x = r.exchange_round;
+            if c.hub() != me || (x >= WARMUP_SEARCHES && !x.is_multiple_of(every)) {
                 Search::Idle
-            } else if r.round < cfg.hub.candidate_rounds
+            } else if x < cfg.hub.candidate_rounds
                 && !kindred_routing::is_hub_candidate(rank(me), cfg.hub.candidates)
             {
                 Search::Lookup
@@ -237,17 +240,16 @@ pub(super) fn exchange(
         }));
     }
 
-    // 2. Push to the hub. From round `CHECK_BEFORE_PUSH_FROM`, a node that has not joined its
-    // hub fetches the hub's model first and checks it on its own data (`adopt`): if its data
-    // refuses the model (another task's), it does not push, so its update never enters that
-    // hub's merge.
+    // 2. Push to the hub. A node that has not joined its hub fetches the hub's model first and
+    // checks it on its own data (`adopt`): if its data refuses the model (another task's), it
+    // does not push, so its update never enters that hub's merge.
     let hub_of: Vec<u32> = state.cohorts.iter().map(Cohort::hub).collect();
     let mut joining: Vec<Option<(Adoption, f64)>> = hub_of
         .par_iter()
         .enumerate()
         .map(|(i, &h)| {
             let joins = h as usize != i && state.joined.get(i).copied().flatten() != Some(h);
-            if joins && r.round >= CHECK_BEFORE_PUSH_FROM {
+            if joins {
                 adopt(cfg, data, &state.params, &state.origin, h, i, r).map(Some)
             } else {
                 Ok(None)
@@ -307,8 +309,15 @@ pub(super) fn exchange(
             // serves nobody, and its pushers forget it. A hostile hub serves its attack anyway.
             let honest = data.hostile.get(h).is_none_or(Option::is_none);
             if honest
-                && let Some(drop) =
-                    data_refuses_merge(cfg, data, params, h, (r.sent)(h), &merged, r.round)?
+                && let Some(drop) = data_refuses_merge(
+                    cfg,
+                    data,
+                    params,
+                    h,
+                    (r.sent)(h),
+                    &merged,
+                    r.exchange_round,
+                )?
             {
                 tracing::debug!(
                     round = r.round,
@@ -400,7 +409,7 @@ pub(super) fn exchange(
     let (mut bans, mut refusals, mut adopted, mut adopt_refused) = (0usize, 0usize, 0usize, 0usize);
     let mut merge_refused = 0usize;
     let mut cosine_min = f32::MAX;
-    let (state_params, origin) = (&state.params, &state.origin);
+    let state_params = &state.params;
     let joined = &mut state.joined;
     for (i, view) in state.cohorts.iter_mut().enumerate() {
         let h = hub_of.get(i).copied().unwrap_or(i as u32);
@@ -433,8 +442,9 @@ pub(super) fn exchange(
             }
         } else {
             let me = i as u32;
+            // What it made of the hub's model, fetched before the push if it had not joined the
+            // hub (`None` for a member); the fetch is spent whatever the hub answers.
             let mut checked = joining.get_mut(i).and_then(Option::take);
-            // The fetch before the push is spent whatever the hub answers.
             m.adopt_bytes = checked.as_ref().map_or(0.0, |c| c.1);
             if matches!(checked, Some((Adoption::Refuse, _))) {
                 // Its data refused the hub's model before it pushed: nothing was pushed.
@@ -444,11 +454,6 @@ pub(super) fn exchange(
                 merged.push(m);
                 continue;
             }
-            // Joining: the model fetched before the push, or fetched now (round 1).
-            let mut fetch = || match checked.take() {
-                Some(c) => Ok(c),
-                None => adopt(cfg, data, state_params, origin, h, i, r),
-            };
             m.header_bytes += REQUEST_BYTES + header(me);
             m.body_bytes += body(me);
             let c_hub = cosine(i, h);
@@ -473,7 +478,7 @@ pub(super) fn exchange(
                                     i,
                                     sent,
                                     &x.served,
-                                    r.round,
+                                    r.exchange_round,
                                 )?
                             {
                                 tracing::debug!(
@@ -492,24 +497,12 @@ pub(super) fn exchange(
                             view.passed(&h);
                             // Joining a hub: adopt its model once, so that every member
                             // applies the same merges to the same model.
+                            // (Its data accepted the model before it pushed: a refused
+                            // one kept it from pushing.)
                             if !member {
-                                let (model, bytes) = fetch()?;
-                                m.adopt_bytes = bytes;
-                                match model {
-                                    Adoption::Refuse => {
-                                        // Another task's model, or a corrupted one: nothing
-                                        // is applied, and a second refusal bans the hub.
-                                        adopt_refused += 1;
-                                        bans += usize::from(refuse(view, &h));
-                                        m.update = sent.to_vec();
-                                        merged.push(m);
-                                        continue;
-                                    }
-                                    Adoption::Adopt(model) => {
-                                        adopted += 1;
-                                        m.adopt = Some(model);
-                                    }
-                                    Adoption::Keep => {}
+                                if let Some((Adoption::Adopt(model), _)) = checked.take() {
+                                    adopted += 1;
+                                    m.adopt = Some(model);
                                 }
                                 if let Some(j) = joined.get_mut(i) {
                                     *j = Some(h);
@@ -544,17 +537,11 @@ pub(super) fn exchange(
                         continue;
                     }
                     // Refused by a hub it has not joined: its model may just have drifted from
-                    // the cohort's (a fragment that trained apart). It fetches the hub's model
-                    // and adopts it if its own data accepts it; the next push is admitted.
-                    let joinable = hub.is_some() && joined.get(i).copied().flatten() != Some(h);
-                    let (model, bytes) = if joinable {
-                        fetch()?
-                    } else {
-                        (Adoption::Keep, 0.0)
-                    };
-                    m.adopt_bytes = bytes;
-                    match model {
-                        Adoption::Adopt(a) => {
+                    // the cohort's (a fragment that trained apart). It adopts the hub's model its
+                    // data accepted before the push, and its next push is admitted. A member of
+                    // the hub (nothing checked) or one that keeps its model forgets the hub.
+                    match checked.take() {
+                        Some((Adoption::Adopt(a), _)) => {
                             adopted += 1;
                             // Its update was trained on the model it leaves: it is not applied.
                             m.update = vec![0.0; sent.len()];
@@ -563,12 +550,8 @@ pub(super) fn exchange(
                                 *j = Some(h);
                             }
                         }
-                        Adoption::Refuse => {
-                            adopt_refused += 1;
-                            bans += usize::from(refuse(view, &h));
-                        }
-                        Adoption::Keep => {
-                            adopt_refused += usize::from(joinable);
+                        kept => {
+                            adopt_refused += usize::from(kept.is_some());
                             view.forget(&h);
                         }
                     }
@@ -601,9 +584,10 @@ pub(super) fn exchange(
 
 /// Member `i` joins hub `h`: it fetches the hub's model as a snapshot (int8 cumulative update,
 /// sparse where most of a layer is zero, corrupted by a hostile hub). Its data refuses the
-/// model if it scores more than [`ADOPT_MAX_DROP`] below its own ([`shard_drop`]); otherwise
-/// it adopts it if [`check_adoption`] passes, and keeps its own model if not. Returns what it
-/// makes of the model ([`Adoption`]) and the bytes of the fetch.
+/// model if it keeps less than `HubConfig::min_gain_share` of what the node's own training
+/// gained on its shard ([`check_by_data`]); otherwise it adopts it if [`check_adoption`] passes,
+/// and keeps its own model if not. Returns what it makes of the model ([`Adoption`]) and the
+/// bytes of the fetch.
 fn adopt(
     cfg: &LearnConfig,
     data: &Data,
@@ -617,7 +601,8 @@ fn adopt(
         return Ok((Adoption::Keep, 0.0));
     };
     if hub == origin {
-        // The hub has applied no update yet (its header says round 0): nothing to fetch.
+        // The hub has not moved from the initial model (no local rounds, first round): nothing
+        // to fetch, nothing its data could tell.
         return Ok((Adoption::Keep, 0.0));
     }
     let mut served = hub.clone();
@@ -641,11 +626,17 @@ fn adopt(
     let cumulative = decode(&body, r.spec)?;
     let model: Vec<f32> = origin.iter().zip(&cumulative).map(|(o, c)| o + c).collect();
     let far = check_adoption(own, &model, origin, ADOPT_MAX_RATIO).err();
-    // The node's own data decides: a model of its task scores on its shard about as well as its
-    // own model; another task's, or a corrupted one, does not.
-    let drop = shard_drop(cfg, data, i, own, &model)?;
-    if drop > ADOPT_MAX_DROP {
-        tracing::debug!(node = i, hub = h, drop, "hub model scores too low");
+    // The node's own data decides: a model of its task keeps much of what the node's own
+    // training gained on its shard; another task's, or a corrupted one, barely beats the
+    // untrained model there.
+    let [before, mine, offered] = shard_accuracy(cfg, data, i, [origin, own, &model])?;
+    let scores = ShardScores {
+        origin: before,
+        own: mine,
+        offered,
+    };
+    if let Err(e) = check_by_data(scores, cfg.hub.min_gain_share) {
+        tracing::debug!(node = i, hub = h, %e, "its data refuses the hub's model");
         return Ok((Adoption::Refuse, bytes));
     }
     if let Some(e) = far {
@@ -655,12 +646,13 @@ fn adopt(
     Ok((Adoption::Adopt(model), bytes))
 }
 
-/// Whether node `i`'s own data refuses a merge, from round 1 on: `Some(drop)` when its shard
-/// scores `params[i] + merge` more than [`ADOPT_MAX_DROP`] below `params[i] + own`, its own
-/// update ([`shard_drop`]). The drop was at most 0.14 for a hub's merge of its own task (iid,
-/// where the own update fits the shard it was trained on), 0.36-0.49 for a hub of cluster 0
-/// heading 8 nodes of cluster 2 (`kindred-sim learn --setting rotation --seed 4`). Round 0's
-/// merges pass unchecked, as when the check was measured (BENCHMARKS.md, sixteenth session).
+/// Whether node `i`'s own data refuses a merge, from exchange round 1 on: `Some(drop)` when its
+/// shard scores `params[i] + merge` more than [`MERGE_MAX_DROP`] below `params[i] + own`, its
+/// own update. The drop was at most 0.14 for a hub's merge of its own task (iid, where the own
+/// update fits the shard it was trained on), 0.36-0.49 for a hub of cluster 0 heading 8 nodes
+/// of cluster 2 (`kindred-sim learn --setting rotation --seed 4`, before local rounds). The
+/// first exchange round's merges pass unchecked, as when the check was measured (BENCHMARKS.md,
+/// sixteenth session): its pushers' data checked the hub's model before they pushed.
 fn data_refuses_merge(
     cfg: &LearnConfig,
     data: &Data,
@@ -677,28 +669,30 @@ fn data_refuses_merge(
         .get(i)
         .ok_or_else(|| LearnError::Config("no parameters".into()))?;
     let moved = |u: &[f32]| -> Vec<f32> { p.iter().zip(u).map(|(p, u)| p + u).collect() };
-    let drop = shard_drop(cfg, data, i, &moved(own), &moved(merge))?;
-    Ok((drop > ADOPT_MAX_DROP).then_some(drop))
+    let [own, merged] = shard_accuracy(cfg, data, i, [&moved(own), &moved(merge)])?;
+    let drop = own - merged;
+    Ok((drop > MERGE_MAX_DROP).then_some(drop))
 }
 
-/// Accuracy of `reference` on node `i`'s own shard minus that of `candidate`: the one check by
-/// data that joining a hub ([`adopt`]) and applying a merge ([`data_refuses_merge`]) share.
-fn shard_drop(
+/// The accuracy of each of `models` on node `i`'s own shard: what its data says, for joining a
+/// hub ([`adopt`]) and for applying a merge ([`data_refuses_merge`]).
+fn shard_accuracy<const N: usize>(
     cfg: &LearnConfig,
     data: &Data,
     i: usize,
-    reference: &[f32],
-    candidate: &[f32],
-) -> Result<f32, LearnError> {
+    models: [&[f32]; N],
+) -> Result<[f32; N], LearnError> {
     let shard = data
         .train
         .get(i)
         .ok_or_else(|| LearnError::Config("no shard".into()))?;
     let mut m = Model::new(cfg.arch, 0)?;
-    m.set_params(reference)?;
-    let reference = m.accuracy(shard)?;
-    m.set_params(candidate)?;
-    Ok(reference - m.accuracy(shard)?)
+    let mut out = [0.0; N];
+    for (acc, params) in out.iter_mut().zip(models) {
+        m.set_params(params)?;
+        *acc = m.accuracy(shard)?;
+    }
+    Ok(out)
 }
 
 /// The node's data refused peer `p` (a member its hub's model or merge, a hub its pushers'
