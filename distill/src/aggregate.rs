@@ -28,7 +28,7 @@ pub struct AggregateCheck {
     /// the `1/√len` spread of a random update's cosine for a 50,890-parameter model. The lowest
     /// cosine of an honest merge of 64 members, distilled again by the hub, with a member's sent
     /// update was 0.021-0.037 in rounds 15, 20 and 25 (`kindred-sim learn --setting iid --seed 1
-    /// --policies kindred-hub`, `RUST_LOG=kindred_simulator=debug`).
+    /// --policies kindred-hub`, now `kindred`, `RUST_LOG=kindred_simulator=debug`).
     pub min_cosine: f32,
     /// Largest norm of the merged update, as a multiple of the own update's. Default 2.
     pub max_norm_ratio: f32,

@@ -65,7 +65,7 @@ pub struct PullConfig {
     pub share: f32,
     /// The step's norm is clipped to this many times `reference_norm` (the norm of the node's
     /// own merged update this round). Default 2: honest partners need 0.2-1.2 on MNIST
-    /// (`kindred-sim learn --setting iid --policies kindred --snapshot-every 1`), and a
+    /// (`kindred-sim learn --setting iid --policies kindred-pairwise --snapshot-every 1`), and a
     /// hostile snapshot moves a node at most twice its own round's motion.
     pub max_step_ratio: f32,
 }

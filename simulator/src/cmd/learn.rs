@@ -41,10 +41,10 @@ pub(crate) struct LearnArgs {
     /// Task clusters (ignored for iid).
     #[arg(long, default_value_t = 4)]
     pub(crate) clusters: usize,
-    /// Policies to compare: kindred, kindred-hub (the hub exchange), gossip, allreduce, local,
-    /// oracle, or a row of
+    /// Policies to compare: kindred (the hub exchange), kindred-pairwise (the pairwise
+    /// exchange), kindred-pairwise-no-snapshots, gossip, allreduce, local, oracle, or a row of
     /// `kindred-sim experiment` (topk8+allreduce, sign+allreduce, selective+allreduce,
-    /// selective+gossip4, kindred-no-snapshots).
+    /// selective+gossip4).
     #[arg(
         long,
         value_delimiter = ',',
@@ -76,20 +76,20 @@ pub(crate) struct LearnArgs {
     /// cosine) are neither fetched nor followed (default: kindred-routing's 4).
     #[arg(long)]
     pub(crate) max_distance_ratio: Option<f32>,
-    /// Rounds a kindred-hub node trains alone before it searches for its cohort (default 2).
+    /// Rounds a Kindred node trains alone before it searches for its cohort (default 2).
     #[arg(long)]
     pub(crate) hub_local_rounds: Option<u64>,
-    /// Band keys a kindred-hub node searches while it is its own hub (default 3).
+    /// Band keys a Kindred node searches while it is its own hub (default 3).
     #[arg(long)]
     pub(crate) hub_bands: Option<u16>,
     /// Bits per band of those keys (default 4).
     #[arg(long)]
     pub(crate) hub_band_bits: Option<u8>,
     /// Top-k density every distilling policy settles at after its warm-up (default:
-    /// kindred-distill's 0.02, and 0.05 for kindred-hub).
+    /// kindred-distill's 0.02, and 0.05 for kindred).
     #[arg(long)]
     pub(crate) density: Option<f32>,
-    /// Top-k density a kindred-hub hub distills its merge at (default: the members' density).
+    /// Top-k density a Kindred hub distills its merge at (default: the members' density).
     #[arg(long)]
     pub(crate) hub_density: Option<f32>,
     /// Honest nodes tracked every round (all are evaluated at the end).
@@ -102,11 +102,12 @@ pub(crate) struct LearnArgs {
     /// Share of hostile nodes (scaled ×10, sign-flipped, or noise of the same norm, in turn).
     #[arg(long, default_value_t = 0.0)]
     pub(crate) hostile: f64,
-    /// Kindred fetches one merged partner's model snapshot every this many rounds and moves part
-    /// of the way toward it (default 2, as the node; 0: never).
+    /// kindred-pairwise fetches one merged partner's model snapshot every this many rounds and
+    /// moves part of the way toward it (default 2, as the node's pairwise exchange; 0: never).
     #[arg(long)]
     pub(crate) snapshot_every: Option<u64>,
-    /// Share of the way Kindred moves toward the partner's model (default 0.5, as the node).
+    /// Share of the way kindred-pairwise moves toward the partner's model (default 0.5, as the
+    /// node's pairwise exchange).
     #[arg(long)]
     pub(crate) snapshot_share: Option<f32>,
     /// The robust merge rejects a peer update whose cosine with the node's own update is below
@@ -176,27 +177,30 @@ impl LearnArgs {
             .policies
             .iter()
             .map(|p| match p.as_str() {
-                "kindred" => Ok(PolicySpec::kindred()),
-                "kindred-hub" => Ok(PolicySpec::kindred_hub()),
+                // `kindred-hub`: the hub exchange's name before it became Kindred's.
+                "kindred" | "kindred-hub" => Ok(PolicySpec::kindred()),
+                "kindred-pairwise" => Ok(PolicySpec::kindred_pairwise()),
+                "kindred-pairwise-no-snapshots" => Ok(PolicySpec::kindred_pairwise_no_snapshots()),
                 "gossip" => Ok(PolicySpec::gossip(c.top_m)),
                 "allreduce" => Ok(PolicySpec::allreduce()),
                 "local" => Ok(PolicySpec::local()),
                 "oracle" => Ok(PolicySpec::oracle()),
-                "kindred+snapshots" => {
-                    // The name of the simulator prototype before the node pulled snapshots.
-                    tracing::warn!(
-                        "kindred pulls model snapshots now: kindred+snapshots is kindred"
-                    );
-                    Ok(PolicySpec::kindred())
+                "kindred+snapshots" | "kindred-no-snapshots" => {
+                    // Names of the pairwise exchange before the hub exchange became Kindred's.
+                    anyhow::bail!(
+                        "{p:?} is the pairwise exchange now: kindred-pairwise, or \
+                         kindred-pairwise-no-snapshots"
+                    )
                 }
                 other => PolicySpec::evaluation_table()
                     .into_iter()
                     .find(|row| row.name == other)
                     .ok_or_else(|| {
                         anyhow::anyhow!(
-                            "unknown policy {other:?} (kindred, kindred-hub, gossip, allreduce, local, oracle, \
+                            "unknown policy {other:?} (kindred, kindred-pairwise, \
+                             kindred-pairwise-no-snapshots, gossip, allreduce, local, oracle, \
                              topk8+allreduce, sign+allreduce, selective+allreduce, \
-                             selective+gossip4, kindred-no-snapshots)"
+                             selective+gossip4)"
                         )
                     }),
             })
@@ -250,7 +254,7 @@ impl LearnArgs {
                 .collect();
             anyhow::ensure!(
                 !hubs.is_empty(),
-                "--hub-density applies to kindred-hub: add it to --policies"
+                "--hub-density applies to kindred: add it to --policies"
             );
             for policy in hubs {
                 kindred_distill::Policy {
@@ -273,7 +277,7 @@ impl LearnArgs {
         }
         anyhow::ensure!(
             policies.iter().any(|p| p.consensus.is_some()),
-            "--snapshot-every and --snapshot-share apply to kindred: add it to --policies"
+            "--snapshot-every and --snapshot-share apply to kindred-pairwise: add it to --policies"
         );
         if let Some(share) = self.snapshot_share {
             anyhow::ensure!(

@@ -108,7 +108,7 @@ pub struct PolicySpec {
     pub consensus: Option<Consensus>,
 }
 
-/// Top-k density of the hub exchange's packets (`PolicySpec::kindred_hub`): two and a half
+/// Top-k density of the hub exchange's packets (`PolicySpec::kindred`): two and a half
 /// times the node's default. A member moves two compressed updates a round whatever its
 /// cohort's size, against one per partner in the pairwise exchange, so it can afford denser
 /// ones; on iid, 2% cost the hub exchange 0.44 point against 4% (BENCHMARKS.md, density
@@ -117,11 +117,33 @@ pub struct PolicySpec {
 pub const HUB_DENSITY: f32 = 0.05;
 
 impl PolicySpec {
-    /// Kindred as the node runs it by default: distilled packets, semantic partners, robust
-    /// merge, and a pull toward one merged partner's model snapshot every other round.
+    /// Kindred: its packets and robust merge in the hub exchange ([`Partners::Hub`]), where
+    /// every member of a cohort applies the merge its hub made of the cohort's updates. Packets
+    /// go out at [`HUB_DENSITY`] from the first: the exchange starts after
+    /// [`HubConfig::local_rounds`] of training alone, which do the distiller's warm-up's job (the
+    /// first updates are the largest), and its warm-up changed nothing measurable after them
+    /// (seeds 1-16: iid 90.98 against 90.97%, rotation 91.29 against 91.32%, 12-29 B less per
+    /// node per round).
     pub fn kindred() -> Self {
         Self {
             name: "kindred".into(),
+            partners: Partners::Hub,
+            compression: Compression::Distill(Policy {
+                density: HUB_DENSITY,
+                warmup: Vec::new(),
+                ..Policy::default()
+            }),
+            merge: Merge::Robust(SynthConfig::for_node(true)),
+            consensus: None,
+        }
+    }
+
+    /// The pairwise exchange (`kindred_routing`'s round lookup): distilled packets, semantic
+    /// partners whose bodies a node fetches, robust merge, and a pull toward one merged
+    /// partner's model snapshot every other round. What the node ran before the hub exchange.
+    pub fn kindred_pairwise() -> Self {
+        Self {
+            name: "kindred-pairwise".into(),
             partners: Partners::Semantic,
             compression: Compression::Distill(Policy::default()),
             merge: Merge::Robust(SynthConfig::for_node(true)),
@@ -129,12 +151,12 @@ impl PolicySpec {
         }
     }
 
-    /// Kindred without model snapshots (the node's `snapshot_every = 0`): merging updates only,
-    /// what the snapshots are measured against.
-    pub fn kindred_no_snapshots() -> Self {
+    /// The pairwise exchange without model snapshots (the node's `snapshot_every = 0`):
+    /// merging updates only, what the snapshots are measured against.
+    pub fn kindred_pairwise_no_snapshots() -> Self {
         Self {
-            name: "kindred-no-snapshots".into(),
-            ..Self::kindred().without_snapshots()
+            name: "kindred-pairwise-no-snapshots".into(),
+            ..Self::kindred_pairwise().without_snapshots()
         }
     }
 
@@ -148,26 +170,6 @@ impl PolicySpec {
             },
             consensus: None,
             ..self
-        }
-    }
-
-    /// Kindred's packets and robust merge in the hub exchange ([`Partners::Hub`]): every member
-    /// of a cohort applies the merge its hub made of the cohort's updates. Packets go out at
-    /// [`HUB_DENSITY`] from the first: the exchange starts after [`HubConfig::local_rounds`]
-    /// of training alone, which do the distiller's warm-up's job (the first updates are the
-    /// largest), and its warm-up changed nothing measurable after them (seeds 1-16: iid 90.98
-    /// against 90.97%, rotation 91.29 against 91.32%, 12-29 B less per node per round).
-    pub fn kindred_hub() -> Self {
-        Self {
-            name: "kindred-hub".into(),
-            partners: Partners::Hub,
-            compression: Compression::Distill(Policy {
-                density: HUB_DENSITY,
-                warmup: Vec::new(),
-                ..Policy::default()
-            }),
-            merge: Merge::Robust(SynthConfig::for_node(true)),
-            consensus: None,
         }
     }
 
@@ -263,9 +265,9 @@ impl PolicySpec {
         }
     }
 
-    /// The rows of the selective-compression evaluation table plus Kindred, Kindred without
-    /// model snapshots and the oracle, the baseline (`allreduce`) first: what
-    /// `kindred-sim experiment` compares.
+    /// The rows of the selective-compression evaluation table plus Kindred, the pairwise
+    /// exchange and the oracle, the baseline (`allreduce`) first: what `kindred-sim experiment`
+    /// compares.
     pub fn evaluation_table() -> Vec<Self> {
         vec![
             Self::allreduce(),
@@ -277,13 +279,13 @@ impl PolicySpec {
                 ..Self::gossip(4)
             },
             Self::kindred(),
-            Self::kindred_no_snapshots(),
+            Self::kindred_pairwise(),
             Self::oracle(),
         ]
     }
 
-    /// Kindred without the robust merge (a plain sample-weighted mean of the partners it found):
-    /// what the robust merge is measured against under poisoning.
+    /// Kindred without the robust merge (its hubs take a plain sample-weighted mean of what
+    /// their members pushed): what the robust merge is measured against under poisoning.
     pub fn kindred_plain_merge() -> Self {
         Self {
             name: "kindred-plain-merge".into(),
@@ -292,7 +294,8 @@ impl PolicySpec {
         }
     }
 
-    /// The five policies of issue 7, gossip with `fanout` (Kindred's top-m).
+    /// The five policies of issue 7 (Kindred, random gossip with `fanout` peers, all-reduce,
+    /// local, oracle).
     pub fn standard(fanout: usize) -> Vec<Self> {
         vec![
             Self::kindred(),
