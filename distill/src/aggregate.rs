@@ -19,7 +19,8 @@
 //!
 //! Before a member first pushes to a hub it also asks its own data about the hub's model
 //! ([`check_by_data`]): another task's model, or a corrupted one, keeps little of what the
-//! member's own training gained on its shard.
+//! member's own training gained on its shard. The same rule checks each merge a node applies,
+//! the model plus the merge against the model plus its own update.
 
 /// Thresholds of [`check_aggregate`]. [`AggregateCheck::default`] documents the defaults.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -79,6 +79,15 @@ pub(crate) struct LearnArgs {
     /// Rounds a Kindred node trains alone before it searches for its cohort (default 2).
     #[arg(long)]
     pub(crate) hub_local_rounds: Option<u64>,
+    /// After its first 3 exchange rounds, a Kindred node that is its own hub searches every this
+    /// many rounds (default 10).
+    #[arg(long)]
+    pub(crate) hub_search_every: Option<u64>,
+    /// Share of its own gain on its shard that a Kindred node's data must see a hub's model keep
+    /// before it pushes to the hub, and a merge keep before it applies it (default
+    /// kindred-distill's `MIN_GAIN_SHARE`, 0.4).
+    #[arg(long)]
+    pub(crate) hub_min_gain_share: Option<f32>,
     /// Band keys a Kindred node searches while it is its own hub (default 3).
     #[arg(long)]
     pub(crate) hub_bands: Option<u16>,
@@ -161,6 +170,17 @@ impl LearnArgs {
         }
         if let Some(rounds) = self.hub_local_rounds {
             c.hub.local_rounds = rounds;
+        }
+        if let Some(every) = self.hub_search_every {
+            anyhow::ensure!(every >= 1, "--hub-search-every must be at least 1");
+            c.hub.search_every = every;
+        }
+        if let Some(share) = self.hub_min_gain_share {
+            anyhow::ensure!(
+                share.is_finite() && share <= 1.0,
+                "--hub-min-gain-share must be a number of at most 1"
+            );
+            c.hub.min_gain_share = share;
         }
         if self.hub_bands.is_some() || self.hub_band_bits.is_some() {
             let keys = kindred_routing::KeyConfig::new(
@@ -583,4 +603,33 @@ fn write_outputs(dir: &Path, reports: &[LearnReport]) -> anyhow::Result<()> {
         )?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        learn: LearnArgs,
+    }
+
+    fn config(args: &[&str]) -> anyhow::Result<LearnConfig> {
+        let cli = Cli::try_parse_from(std::iter::once("learn").chain(args.iter().copied()))?;
+        cli.learn.config(64)
+    }
+
+    #[test]
+    fn hub_flags_set_the_hub_config_and_bad_values_are_refused() {
+        let defaults = config(&[]).unwrap().hub;
+        let c = config(&["--hub-search-every", "5", "--hub-min-gain-share", "0.3"]).unwrap();
+        assert_eq!(c.hub.search_every, 5);
+        assert_eq!(c.hub.min_gain_share, 0.3);
+        assert_eq!(c.hub.local_rounds, defaults.local_rounds);
+        assert!(config(&["--hub-search-every", "0"]).is_err());
+        assert!(config(&["--hub-min-gain-share", "1.5"]).is_err());
+        assert!(config(&["--hub-min-gain-share", "NaN"]).is_err());
+    }
 }

@@ -401,7 +401,8 @@ pub struct HubConfig {
     /// What a member checks before applying its hub's merge.
     pub check: AggregateCheck,
     /// The share of its own gain on its shard that a node's data must see a hub's model keep
-    /// before the node pushes to it and adopts it (`kindred_distill::check_by_data`). Default
+    /// before the node pushes to it and adopts it, and a merge keep before the node (a member or
+    /// the hub) applies it (`kindred_distill::check_by_data`). Default
     /// `kindred_distill::MIN_GAIN_SHARE`.
     pub min_gain_share: f32,
     /// Top-k density a hub distills its merge at, in place of the members' policy density.
