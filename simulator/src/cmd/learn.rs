@@ -88,6 +88,9 @@ pub(crate) struct LearnArgs {
     /// kindred-distill's `MIN_GAIN_SHARE`, 0.4).
     #[arg(long)]
     pub(crate) hub_min_gain_share: Option<f32>,
+    /// Multi-probe keys a Kindred node looks up per search besides its band keys (default 0).
+    #[arg(long)]
+    pub(crate) hub_probes: Option<usize>,
     /// Band keys a Kindred node searches while it is its own hub (default 3).
     #[arg(long)]
     pub(crate) hub_bands: Option<u16>,
@@ -170,6 +173,9 @@ impl LearnArgs {
         }
         if let Some(rounds) = self.hub_local_rounds {
             c.hub.local_rounds = rounds;
+        }
+        if let Some(probes) = self.hub_probes {
+            c.hub.probes = probes;
         }
         if let Some(every) = self.hub_search_every {
             anyhow::ensure!(every >= 1, "--hub-search-every must be at least 1");
@@ -624,8 +630,17 @@ mod tests {
     #[test]
     fn hub_flags_set_the_hub_config_and_bad_values_are_refused() {
         let defaults = config(&[]).unwrap().hub;
-        let c = config(&["--hub-search-every", "5", "--hub-min-gain-share", "0.3"]).unwrap();
+        let c = config(&[
+            "--hub-search-every",
+            "5",
+            "--hub-min-gain-share",
+            "0.3",
+            "--hub-probes",
+            "2",
+        ])
+        .unwrap();
         assert_eq!(c.hub.search_every, 5);
+        assert_eq!(c.hub.probes, 2);
         assert_eq!(c.hub.min_gain_share, 0.3);
         assert_eq!(c.hub.local_rounds, defaults.local_rounds);
         assert!(config(&["--hub-search-every", "0"]).is_err());
