@@ -628,14 +628,8 @@ fn adopt(
     // The node's own data decides: a model of its task keeps much of what the node's own
     // training gained on its shard; another task's, or a corrupted one, barely beats the
     // untrained model there.
-    let [before, mine, offered] = shard_accuracy(cfg, data, i, [origin, own, &model])?;
-    let scores = ShardScores {
-        origin: before,
-        own: mine,
-        offered,
-    };
-    if let Err(e) = check_by_data(scores, cfg.hub.min_gain_share) {
-        tracing::debug!(node = i, hub = h, %e, "its data refuses the hub's model");
+    if let Some(share) = data_refuses(cfg, data, i, origin, own, &model)? {
+        tracing::debug!(node = i, hub = h, share, "its data refuses the hub's model");
         return Ok((Adoption::Refuse, bytes));
     }
     if let Some(e) = far {
@@ -677,12 +671,34 @@ fn data_refuses_merge(
         .get(i)
         .ok_or_else(|| LearnError::Config("no parameters".into()))?;
     let moved = |u: &[f32]| -> Vec<f32> { p.iter().zip(u).map(|(p, u)| p + u).collect() };
-    let [origin, own, offered] =
-        shard_accuracy(cfg, data, i, [origin, &moved(own), &moved(merge)])?;
+    data_refuses(cfg, data, i, origin, &moved(own), &moved(merge))
+}
+
+/// Whether node `i`'s own data refuses `offered` in place of `own`: `Some(share)` when, on its
+/// shard, `offered` keeps less than `HubConfig::min_gain_share` of what `own` gained over the
+/// common initial model `origin` (`kindred_distill::check_by_data`). The one check by data
+/// that joining a hub ([`adopt`]) and applying a merge ([`data_refuses_merge`]) share.
+fn data_refuses(
+    cfg: &LearnConfig,
+    data: &Data,
+    i: usize,
+    origin: &[f32],
+    own: &[f32],
+    offered: &[f32],
+) -> Result<Option<f32>, LearnError> {
+    let shard = data
+        .train
+        .get(i)
+        .ok_or_else(|| LearnError::Config("no shard".into()))?;
+    let mut m = Model::new(cfg.arch, 0)?;
+    let mut accuracy = |params: &[f32]| -> Result<f32, LearnError> {
+        m.set_params(params)?;
+        Ok(m.accuracy(shard)?)
+    };
     let scores = ShardScores {
-        origin,
-        own,
-        offered,
+        origin: accuracy(origin)?,
+        own: accuracy(own)?,
+        offered: accuracy(offered)?,
     };
     Ok(match check_by_data(scores, cfg.hub.min_gain_share) {
         Ok(_) => None,
@@ -690,27 +706,6 @@ fn data_refuses_merge(
         // A score that is not a number: nothing this data can vouch for.
         Err(_) => Some(f32::NAN),
     })
-}
-
-/// The accuracy of each of `models` on node `i`'s own shard: what its data says, for joining a
-/// hub ([`adopt`]) and for applying a merge ([`data_refuses_merge`]).
-fn shard_accuracy<const N: usize>(
-    cfg: &LearnConfig,
-    data: &Data,
-    i: usize,
-    models: [&[f32]; N],
-) -> Result<[f32; N], LearnError> {
-    let shard = data
-        .train
-        .get(i)
-        .ok_or_else(|| LearnError::Config("no shard".into()))?;
-    let mut m = Model::new(cfg.arch, 0)?;
-    let mut out = [0.0; N];
-    for (acc, params) in out.iter_mut().zip(models) {
-        m.set_params(params)?;
-        *acc = m.accuracy(shard)?;
-    }
-    Ok(out)
 }
 
 /// The node's data refused peer `p` (a member its hub's model or merge, a hub its pushers'
