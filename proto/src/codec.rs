@@ -8,11 +8,17 @@
 //! [`ModelSpec`]. The same decoders back [`seal`], so a node cannot send what its peers reject.
 //!
 //! Layout of a signed header: `postcard(WireHeader) ‖ postcard(WireSeal)`; the signature covers
-//! `domain ‖ postcard(WireHeader)` exactly as received, so no re-encoding is needed to verify.
-//! The domain says what the header seals: an outcome packet (an update, [`seal`]) or a model
-//! snapshot ([`seal_snapshot`]). Both have the same layout, but a signature made for one never
-//! verifies as the other, so a peer cannot pass off a node's snapshot as one of its updates. A body is `varint(layer count) ‖ postcard(WireLayer)*`, byte-identical to postcard's
-//! encoding of a `Vec<WireLayer>`.
+//! `domain ‖ postcard(WireHeader)` exactly as received. The domain says what the header seals: an
+//! outcome packet (an update, [`seal`]) or a model snapshot ([`seal_snapshot`]). Both have the
+//! same layout, but a signature made for one never verifies as the other, so a peer cannot pass
+//! off a node's snapshot as one of its updates. A body is `varint(layer count) ‖
+//! postcard(WireLayer)*`, byte-identical to postcard's encoding of a `Vec<WireLayer>`.
+//!
+//! Only canonical encodings are accepted (every varint and length prefix in its shortest form,
+//! inside and outside the signed part; [`DecodeError::NonCanonical`] otherwise), and signatures
+//! are verified strictly (no small-order key or R, canonical S and point encodings; see
+//! [`crate::check_peer`]). So an accepted header has exactly one byte form and one [`PacketId`]:
+//! a third party can neither forge a signature nor re-encode a real one under a new id.
 
 use std::borrow::Cow;
 
@@ -22,9 +28,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{DecodeError, Part, SealError};
 use crate::header::{Embedding, PacketHeader, PacketId, SimHash, VerifiedHeader};
+use crate::identity::{IdentityError, PUBLIC_KEY_LEN, SIGNATURE_LEN, strict_key, verify_strict};
 use crate::limits::{
-    FORMAT_VERSION, MAX_BODY_BYTES, MAX_HEADER_BYTES, MAX_LAYER_ELEMS, MAX_LAYERS,
-    MAX_PEER_ID_BYTES, MAX_SKETCH_LEN,
+    FORMAT_VERSION, MAX_ABS_LOSS, MAX_BODY_BYTES, MAX_HEADER_BYTES, MAX_LAYER_ELEMS, MAX_LAYERS,
+    MAX_PEER_ID_BYTES, MAX_SAMPLES, MAX_SKETCH_LEN,
 };
 use crate::payload::{CompressionSummary, DenseValues, LayerPayload, PacketBody, SignBits, TopK};
 use crate::spec::{DType, LayerSpec, ModelId, ModelSpec};
@@ -50,8 +57,6 @@ impl Domain {
     }
 }
 
-const ED25519_PUBLIC_KEY_LEN: usize = 32;
-const ED25519_SIGNATURE_LEN: usize = 64;
 
 #[derive(Serialize, Deserialize)]
 struct WireHeader<'a> {
@@ -256,6 +261,29 @@ pub fn encode_header(header: &PacketHeader, keypair: &ed25519::Keypair) -> Vec<u
 }
 
 fn encode_header_in(domain: Domain, header: &PacketHeader, keypair: &ed25519::Keypair) -> Vec<u8> {
+    let out = encode_unsigned(header);
+    let signature = keypair.sign(&signing_message(domain, &out));
+    append_seal(out, &keypair.public().to_bytes(), &signature)
+}
+
+/// A header with a given seal: the inverse of [`decode_header`] for a [`VerifiedHeader`].
+pub(crate) fn encode_sealed(header: &PacketHeader, public_key: &[u8], signature: &[u8]) -> Vec<u8> {
+    append_seal(encode_unsigned(header), public_key, signature)
+}
+
+fn append_seal(out: Vec<u8>, public_key: &[u8], signature: &[u8]) -> Vec<u8> {
+    postcard::to_extend(
+        &WireSeal {
+            public_key,
+            signature,
+        },
+        out,
+    )
+    .unwrap_or_default()
+}
+
+/// The signed part of a header: `postcard(WireHeader)`.
+fn encode_unsigned(header: &PacketHeader) -> Vec<u8> {
     let sender = header.sender.to_bytes();
     let sketch: &[u8] = bytemuck::cast_slice(&header.embedding.sketch);
     let wire = WireHeader {
@@ -277,19 +305,9 @@ fn encode_header_in(domain: Domain, header: &PacketHeader, keypair: &ed25519::Ke
         params: header.compression.params,
         carried: header.compression.carried,
     };
-    let mut out = Vec::with_capacity(256 + sketch.len());
+    let out = Vec::with_capacity(256 + SEAL_LEN + sketch.len());
     // Serialising into a Vec only fails on allocation failure, which aborts anyway.
-    out = postcard::to_extend(&wire, out).unwrap_or_default();
-    let signature = keypair.sign(&signing_message(domain, &out));
-    let public_key = keypair.public().to_bytes();
-    postcard::to_extend(
-        &WireSeal {
-            public_key: &public_key,
-            signature: &signature,
-        },
-        out,
-    )
-    .unwrap_or_default()
+    postcard::to_extend(&wire, out).unwrap_or_default()
 }
 
 fn signing_message(domain: Domain, header: &[u8]) -> Vec<u8> {
@@ -302,8 +320,11 @@ fn signing_message(domain: Domain, header: &[u8]) -> Vec<u8> {
 
 /// Decode and verify a signed header received from a peer.
 ///
-/// Checks, in order: size limit, format version, structure, every field's range, that the
-/// signing key belongs to the named sender, and the signature.
+/// Checks, in order: size limit, format version, structure, that the bytes are the canonical
+/// encoding (no overlong varint or length prefix, inside or outside the signed part), every
+/// field's range (including [`crate::MAX_SAMPLES`] and [`crate::MAX_ABS_LOSS`]), that the
+/// signing key is a strict identity (canonical, not of small order: see [`crate::check_peer`])
+/// belonging to the named sender, and the signature under strict verification.
 ///
 /// # Errors
 /// The first [`DecodeError`] found; nothing is allocated beyond [`MAX_HEADER_BYTES`].
@@ -342,7 +363,8 @@ fn decode_header_in(domain: Domain, bytes: &[u8]) -> Result<VerifiedHeader, Deco
     let signed = bytes
         .get(..bytes.len() - rest.len())
         .ok_or(DecodeError::Truncated { part: Part::Header })?;
-    let (seal, rest) = postcard::take_from_bytes::<WireSeal<'_>>(rest)
+    let seal_bytes = rest;
+    let (seal, rest) = postcard::take_from_bytes::<WireSeal<'_>>(seal_bytes)
         .map_err(|e| postcard_error(e, Part::Header))?;
     if !rest.is_empty() {
         return Err(DecodeError::TrailingBytes {
@@ -350,29 +372,73 @@ fn decode_header_in(domain: Domain, bytes: &[u8]) -> Result<VerifiedHeader, Deco
             extra: rest.len(),
         });
     }
+    check_canonical_header(&wire, signed)?;
     let header = header_from_wire(&wire)?;
 
-    if seal.public_key.len() != ED25519_PUBLIC_KEY_LEN {
+    if seal.public_key.len() != PUBLIC_KEY_LEN {
         return Err(DecodeError::InvalidPublicKey);
     }
-    let key = ed25519::PublicKey::try_from_bytes(seal.public_key)
-        .map_err(|_| DecodeError::InvalidPublicKey)?;
-    let signer = PublicKey::from(key.clone()).to_peer_id();
+    if seal.signature.len() != SIGNATURE_LEN {
+        return Err(DecodeError::BadSignature);
+    }
+    // Both lengths fit one varint byte: anything longer is an overlong prefix outside the signed
+    // bytes, which would give the same signed header another packet id.
+    if seal_bytes.len() != SEAL_LEN {
+        return Err(DecodeError::NonCanonical {
+            part: Part::Header,
+            detail: "seal length prefix",
+        });
+    }
+    let key = strict_key(seal.public_key).map_err(|e| match e {
+        IdentityError::Weak => DecodeError::WeakPublicKey,
+        IdentityError::NonCanonical => DecodeError::NonCanonical {
+            part: Part::Header,
+            detail: "public key point encoding",
+        },
+        _ => DecodeError::InvalidPublicKey,
+    })?;
+    let signer = PublicKey::from(
+        ed25519::PublicKey::try_from_bytes(key.as_bytes())
+            .map_err(|_| DecodeError::InvalidPublicKey)?,
+    )
+    .to_peer_id();
     if signer != header.sender {
         return Err(DecodeError::SenderMismatch {
             claimed: Box::new(header.sender),
             actual: Box::new(signer),
         });
     }
-    if seal.signature.len() != ED25519_SIGNATURE_LEN
-        || !key.verify(&signing_message(domain, signed), seal.signature)
-    {
+    if !verify_strict(&key, &signing_message(domain, signed), seal.signature) {
         return Err(DecodeError::BadSignature);
     }
+    let mut public_key = [0u8; PUBLIC_KEY_LEN];
+    public_key.copy_from_slice(seal.public_key);
+    let mut signature = [0u8; SIGNATURE_LEN];
+    signature.copy_from_slice(seal.signature);
     Ok(VerifiedHeader::new(
         header,
         PacketId::of_header_bytes(bytes),
+        public_key,
+        signature,
     ))
+}
+
+/// Bytes of an encoded [`WireSeal`]: two one-byte length prefixes, the key and the signature.
+const SEAL_LEN: usize = 1 + PUBLIC_KEY_LEN + 1 + SIGNATURE_LEN;
+
+/// The signed bytes must be postcard's one encoding of what they decode to. postcard accepts
+/// overlong varints (a length prefix or an integer padded with `0x80 … 0x00`), so the same
+/// content could be signed in several forms with several packet ids; re-encoding (at most
+/// [`MAX_HEADER_BYTES`], on the stack) and comparing catches every such form at once.
+fn check_canonical_header(wire: &WireHeader<'_>, signed: &[u8]) -> Result<(), DecodeError> {
+    let mut buf = [0u8; MAX_HEADER_BYTES];
+    match postcard::to_slice(wire, &mut buf) {
+        Ok(canonical) if *canonical == *signed => Ok(()),
+        _ => Err(DecodeError::NonCanonical {
+            part: Part::Header,
+            detail: "overlong varint or length prefix",
+        }),
+    }
 }
 
 fn header_from_wire(w: &WireHeader<'_>) -> Result<PacketHeader, DecodeError> {
@@ -385,8 +451,11 @@ fn header_from_wire(w: &WireHeader<'_>) -> Result<PacketHeader, DecodeError> {
         });
     }
     let sender = PeerId::from_bytes(w.sender).map_err(|_| invalid("sender", "not a PeerId"))?;
-    if !w.loss.is_finite() {
-        return Err(invalid("loss", "not finite"));
+    if !(w.loss.is_finite() && w.loss.abs() <= MAX_ABS_LOSS) {
+        return Err(invalid("loss", "not finite, or its magnitude is over MAX_ABS_LOSS"));
+    }
+    if w.samples > MAX_SAMPLES {
+        return Err(invalid("samples", "over MAX_SAMPLES"));
     }
     if w.sketch.len() > MAX_SKETCH_LEN {
         return Err(DecodeError::Oversize {
@@ -609,7 +678,16 @@ pub fn decode_body(
     for (i, layer_spec) in spec.layers().iter().enumerate() {
         let (wire, tail) = postcard::take_from_bytes::<WireLayer<'_>>(rest)
             .map_err(|e| postcard_error(e, Part::Layer(i)))?;
-        layers.push(layer_from_wire(i, layer_spec, wire)?);
+        let layer = layer_from_wire(i, layer_spec, wire)?;
+        // Every field is either fixed-size or a varint, and an overlong varint is longer than the
+        // shortest: a layer is canonical exactly when it takes the bytes its re-encoding would.
+        if rest.len() - tail.len() != encoded_layer_len(&layer) {
+            return Err(DecodeError::NonCanonical {
+                part: Part::Layer(i),
+                detail: "overlong varint or length prefix",
+            });
+        }
+        layers.push(layer);
         rest = tail;
     }
     if !rest.is_empty() {

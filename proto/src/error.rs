@@ -161,6 +161,20 @@ pub enum DecodeError {
     /// The header's public key is not a valid ed25519 key.
     #[error("header carries an invalid ed25519 public key")]
     InvalidPublicKey,
+    /// The header's public key is a point of small order: signatures under it can be forged
+    /// without a secret key, so it can speak for no one.
+    #[error("header carries a weak (small-order) ed25519 public key")]
+    WeakPublicKey,
+    /// The bytes decode, but not in their one canonical form (an overlong varint or length
+    /// prefix, a non-canonical point encoding): accepting them would give one signed content
+    /// several encodings and so several packet ids.
+    #[error("{part} is not canonically encoded: {detail}")]
+    NonCanonical {
+        /// Where.
+        part: Part,
+        /// Which field.
+        detail: &'static str,
+    },
     /// The signature does not verify against the header and its public key.
     #[error("header signature does not verify")]
     BadSignature,
@@ -201,6 +215,8 @@ impl DecodeError {
             Self::BodyHashMismatch => "body_hash_mismatch",
             Self::SummaryMismatch => "summary_mismatch",
             Self::InvalidPublicKey => "invalid_public_key",
+            Self::WeakPublicKey => "weak_public_key",
+            Self::NonCanonical { .. } => "non_canonical",
             Self::BadSignature => "bad_signature",
             Self::SenderMismatch { .. } => "sender_mismatch",
         }

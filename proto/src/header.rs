@@ -165,11 +165,43 @@ impl std::fmt::Display for PacketId {
 pub struct VerifiedHeader {
     header: PacketHeader,
     id: PacketId,
+    /// The seal as received: the signer's public key and the signature.
+    public_key: [u8; 32],
+    signature: [u8; 64],
 }
 
 impl VerifiedHeader {
-    pub(crate) fn new(header: PacketHeader, id: PacketId) -> Self {
-        Self { header, id }
+    pub(crate) fn new(
+        header: PacketHeader,
+        id: PacketId,
+        public_key: [u8; 32],
+        signature: [u8; 64],
+    ) -> Self {
+        Self {
+            header,
+            id,
+            public_key,
+            signature,
+        }
+    }
+
+    /// The header's one encoding: exactly the bytes it was decoded from (decoders accept only
+    /// canonical encodings), so `PacketId::of_header_bytes(&h.to_bytes()) == h.id()`.
+    ///
+    /// ```
+    /// # use kindred_proto::*;
+    /// # use libp2p_identity::ed25519;
+    /// # let key = ed25519::Keypair::from(ed25519::SecretKey::try_from_bytes([1u8; 32]).unwrap());
+    /// # let spec = ModelSpec::new(vec![LayerSpec::new("w", [4], DType::F32)])?;
+    /// # let body = PacketBody { layers: vec![LayerPayload::Dense(DenseValues::F32(vec![0.5; 4]))] };
+    /// # let fields = HeaderFields { round: 3, unix_ms: 0, samples: 32, loss: 0.7, embedding: Embedding::default() };
+    /// let packet = seal(&key, &spec, fields, &body)?;
+    /// let header = decode_header(&packet.header_bytes)?;
+    /// assert_eq!(header.to_bytes(), packet.header_bytes);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn to_bytes(&self) -> Vec<u8> {
+        crate::codec::encode_sealed(&self.header, &self.public_key, &self.signature)
     }
 
     /// The verified content.

@@ -48,6 +48,7 @@
 mod codec;
 mod error;
 mod header;
+mod identity;
 pub mod limits;
 mod payload;
 pub mod rpc;
@@ -59,6 +60,7 @@ pub use codec::{
     encode_header, encoded_layer_len, seal, seal_snapshot,
 };
 pub use error::{DecodeError, Part, SealError, SpecError};
+pub use identity::{IdentityError, check_peer, check_public_key};
 pub use header::{BodyHash, Embedding, PacketHeader, PacketId, SimHash, VerifiedHeader};
 pub use limits::*;
 pub use payload::{

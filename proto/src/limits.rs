@@ -41,3 +41,15 @@ pub const MAX_PEER_ID_BYTES: usize = 72;
 
 /// Bits in an embedding's SimHash signature.
 pub const SIMHASH_BITS: usize = 256;
+
+/// Most training samples one update may claim (2^32).
+///
+/// A merge weighs updates by their claimed samples, so an unbounded claim is a lever; this bound
+/// keeps every claim (and every sum of claims a merge computes) far from overflow. It does not
+/// make claims honest: merges also cap each peer's weight relative to the other claims
+/// (`kindred_distill::SynthConfig::max_samples_ratio`).
+pub const MAX_SAMPLES: u64 = 1 << 32;
+
+/// Largest magnitude of a reported training loss. Losses are finite; a larger one is a corrupt or
+/// hostile report, not a training signal.
+pub const MAX_ABS_LOSS: f32 = 1.0e6;

@@ -10,6 +10,9 @@ pub(crate) enum VarintError {
     Truncated,
     /// Too many continuation bytes, or a value past the integer's range.
     Overflow,
+    /// An overlong encoding: a final byte of zero after a continuation byte, which the shortest
+    /// encoding of the same value would not have.
+    NonCanonical,
 }
 
 impl VarintError {
@@ -19,6 +22,10 @@ impl VarintError {
             Self::Overflow => DecodeError::Malformed {
                 part,
                 detail: "bad varint",
+            },
+            Self::NonCanonical => DecodeError::NonCanonical {
+                part,
+                detail: "overlong varint",
             },
         }
     }
@@ -52,6 +59,9 @@ pub(crate) fn decode_u32(bytes: &[u8]) -> Result<(u32, &[u8]), VarintError> {
     for (i, &b) in bytes.iter().enumerate().take(5) {
         value |= u64::from(b & 0x7f) << (7 * i);
         if b & 0x80 == 0 {
+            if b == 0 && i > 0 {
+                return Err(VarintError::NonCanonical);
+            }
             let value = u32::try_from(value).map_err(|_| VarintError::Overflow)?;
             return Ok((value, bytes.get(i + 1..).unwrap_or_default()));
         }
@@ -122,5 +132,20 @@ mod tests {
             Err(VarintError::Overflow)
         );
         assert_eq!(decode_u16(&[0x80, 0x80, 0x04]), Err(VarintError::Overflow));
+        // Overlong forms of 0 and 1.
+        assert_eq!(decode_u32(&[0x80, 0x00]), Err(VarintError::NonCanonical));
+        assert_eq!(decode_u32(&[0x81, 0x80, 0x00]), Err(VarintError::NonCanonical));
+    }
+
+    proptest! {
+        /// Every accepted varint is the one encoding of its value.
+        #[test]
+        fn accepted_varints_are_canonical(bytes in proptest::collection::vec(any::<u8>(), 0..7)) {
+            if let Ok((v, rest)) = decode_u32(&bytes) {
+                let mut buf = Vec::new();
+                encode_u32(v, &mut buf);
+                prop_assert_eq!(&bytes[..bytes.len() - rest.len()], &buf[..]);
+            }
+        }
     }
 }

@@ -519,7 +519,7 @@ fn invalid_header_fields() {
         decode_header(&encode_header(&h, &key(1))).unwrap_err(),
         DecodeError::InvalidField {
             field: "loss",
-            reason: "not finite"
+            reason: "not finite, or its magnitude is over MAX_ABS_LOSS"
         }
     );
     let mut h = good.clone();
@@ -689,6 +689,11 @@ fn every_reason_label_is_distinct() {
         DecodeError::SummaryMismatch,
         DecodeError::InvalidPublicKey,
         DecodeError::BadSignature,
+        DecodeError::WeakPublicKey,
+        DecodeError::NonCanonical {
+            part: Part::Header,
+            detail: "",
+        },
     ];
     let labels: std::collections::HashSet<_> = errors.iter().map(DecodeError::reason).collect();
     assert_eq!(labels.len(), errors.len());

@@ -107,7 +107,7 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(200))]
 
     #[test]
-    fn round_trip((spec, body) in spec_and_body(), embedding in embedding(), round: u64, samples: u64, loss in finite(), key_n in 1u8..255) {
+    fn round_trip((spec, body) in spec_and_body(), embedding in embedding(), round: u64, samples in 0..=MAX_SAMPLES, loss in finite().prop_filter("within MAX_ABS_LOSS", |l| l.abs() <= MAX_ABS_LOSS), key_n in 1u8..255) {
         let fields = HeaderFields { round, unix_ms: round ^ 77, samples, loss, embedding };
         let sealed = seal(&key(key_n), &spec, fields.clone(), &body).unwrap();
         prop_assert!(sealed.header_bytes.len() <= MAX_HEADER_BYTES);
