@@ -6,34 +6,167 @@
 //! | `GET /v1/status` | JSON: peer id, round, loss, accuracy, partners, traffic, history |
 //! | `GET /metrics` | Prometheus text exposition |
 //! | `GET /v1/spec` | JSON: model id and layers (name, shape, dtype) an update must match |
-//! | `POST /v1/update?samples=N&loss=L` | safetensors body: this round's update, one f32 tensor per layer |
+//! | `POST /v1/update?samples=N&loss=L` | safetensors body: this round's update, one f32 tensor per layer; 202 when queued |
 //! | `GET /v1/merged?after=R` | safetensors of the newest merged update of a round > R (204 until one exists) |
 //!
 //! An external trainer (a PyTorch job on the same host, see `examples/external_trainer.py`)
-//! pushes its update each round and pulls the merged one; the node does the rest. Request bodies
-//! are capped at [`MAX_UPDATE_BYTES`] and validated against the model spec before they reach the
-//! round loop, through a bounded channel.
+//! pushes its update each round and pulls the merged one; the node does the rest.
+//!
+//! # Limits
+//!
+//! The API is meant for a trusted job on the same host, but anything that can reach the port can
+//! talk to it, so every request is bounded in time and memory, and nothing reaches the round loop
+//! (or the node's own signed packet) unvalidated:
+//!
+//! - **Timeouts** ([`ApiLimits`]): a client has `header_timeout_secs` (default 10 s) to send a
+//!   complete request header; the same timer closes idle keep-alive connections. An update body
+//!   must arrive within `body_timeout_secs` (default 10 s) plus the body cap divided by
+//!   `min_body_rate` (default 8 MiB/s), or the upload is answered 408 and dropped.
+//! - **Size**: an update body may be at most [`update_body_cap`] bytes: the exact tensor data the
+//!   model spec implies (4 bytes per parameter) plus a small allowance for the safetensors header,
+//!   and never more than [`MAX_UPDATE_BYTES`]. A larger declared `Content-Length` is answered 413
+//!   at once, without reading the body; a chunked body is cut off (413) as soon as it passes the
+//!   cap.
+//! - **Concurrency**: one update upload at a time ([`MAX_CONCURRENT_UPLOADS`]); a second one is
+//!   answered 409, and an upload while this round's update is already queued is answered 503,
+//!   both before their bodies are read. With the body buffered once, the memory an upload holds
+//!   is at most the cap plus the decoded update (the same size again), whatever the number of
+//!   clients.
+//! - **Values**: `samples` must be in `1..=`[`kindred_proto::MAX_SAMPLES`], `loss` finite with
+//!   magnitude at most [`kindred_proto::MAX_ABS_LOSS`], and every tensor value finite with
+//!   magnitude at most [`MAX_ABS_UPDATE_VALUE`]; otherwise 422 with a message naming the
+//!   problem (400 when the query does not parse). These are the bounds the packet codec enforces
+//!   on what peers send, so a bad upload is refused here instead of costing a round.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::pin::pin;
 use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
 
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Query, State};
-use axum::http::{StatusCode, header};
+use axum::body::{Body, HttpBody};
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use kindred_proto::ModelSpec;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use kindred_proto::{MAX_ABS_LOSS, MAX_SAMPLES, ModelSpec};
 use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 use serde::{Deserialize, Serialize};
-use tokio::sync::mpsc;
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, mpsc, watch};
 
 use crate::engine::ExternalUpdate;
 use crate::metrics::NodeMetrics;
 
-/// Largest accepted update body (bytes): 1 GiB, 256M f32 parameters.
+/// Largest accepted update body (bytes), whatever the model: 1 GiB, 256M f32 parameters.
+/// [`update_body_cap`] is the (smaller) cap for a given model.
 pub const MAX_UPDATE_BYTES: usize = 1 << 30;
+
+/// Room for the safetensors header in [`update_body_cap`], besides the per-layer allowance:
+/// the 8-byte length prefix, the JSON braces, a `__metadata__` map (PyTorch writers add
+/// `{"format": "pt"}`) and alignment padding.
+pub const UPDATE_HEADER_ALLOWANCE: usize = 64 << 10;
+
+/// Header bytes allowed per layer in [`update_body_cap`], besides 6 bytes per byte of the layer
+/// name (the worst case of JSON escaping): dtype, shape (at most 8 dimensions of 20 digits)
+/// and the two data offsets.
+pub const UPDATE_HEADER_PER_LAYER: usize = 512;
+
+/// Largest magnitude of a value in an uploaded update.
+///
+/// An update is a change of the model's parameters over one round; trained weights are of order
+/// one, so a change anywhere near this bound is a bug or an attack, not a training signal. The
+/// bound also keeps everything the merge computes finite in f32: a layer of the largest size
+/// ([`kindred_proto::MAX_LAYER_ELEMS`], 2^28) at this magnitude has a squared norm of about
+/// 2.7e20, far below `f32::MAX` (3.4e38), while a single 3e38 would overflow every norm and
+/// every weighted sum it enters.
+pub const MAX_ABS_UPDATE_VALUE: f32 = 1.0e6;
+
+/// Update uploads served at the same time; others are refused (409) before their bodies are read.
+pub const MAX_CONCURRENT_UPLOADS: usize = 1;
+
+/// Timeouts of the API server (the `[api_limits]` table of `kindred.toml`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ApiLimits {
+    /// Seconds a client has to send a complete request header, counted from when the server
+    /// starts waiting for it (so it also closes idle keep-alive connections). Default 10.
+    pub header_timeout_secs: f64,
+    /// Seconds an update body may take to arrive, besides the time `min_body_rate` allows for
+    /// the body cap. Default 10.
+    pub body_timeout_secs: f64,
+    /// Slowest upload rate allowed for, bytes per second: the body deadline is
+    /// `body_timeout_secs + cap / min_body_rate`. Default 8 MiB/s (a 1 GiB cap gets 138 s, the
+    /// built-in MLP's 0.3 MB about 10 s).
+    pub min_body_rate: u64,
+}
+
+impl Default for ApiLimits {
+    fn default() -> Self {
+        Self {
+            header_timeout_secs: 10.0,
+            body_timeout_secs: 10.0,
+            min_body_rate: 8 << 20,
+        }
+    }
+}
+
+impl ApiLimits {
+    /// Check ranges: both timeouts positive and finite (at most a day), the rate at least 1.
+    ///
+    /// # Errors
+    /// A message naming the first bad value.
+    pub fn validate(&self) -> Result<(), String> {
+        let ok = |s: f64| s.is_finite() && s > 0.0 && s <= 86_400.0;
+        if !ok(self.header_timeout_secs) {
+            return Err("api_limits.header_timeout_secs must be in (0, 86400]".into());
+        }
+        if !ok(self.body_timeout_secs) {
+            return Err("api_limits.body_timeout_secs must be in (0, 86400]".into());
+        }
+        if self.min_body_rate == 0 {
+            return Err("api_limits.min_body_rate must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    /// The header read timeout (the default when the configured value is not a valid duration).
+    pub fn header_timeout(&self) -> Duration {
+        secs_or(
+            self.header_timeout_secs,
+            Self::default().header_timeout_secs,
+        )
+    }
+
+    /// The deadline for an update body of at most `cap` bytes.
+    pub fn body_timeout(&self, cap: usize) -> Duration {
+        let base = secs_or(self.body_timeout_secs, Self::default().body_timeout_secs);
+        let rate = self.min_body_rate.max(1) as f64;
+        base.saturating_add(secs_or(cap as f64 / rate, 0.0))
+    }
+}
+
+/// `secs` as a duration, or `fallback` when it is not one (negative, NaN, too large).
+fn secs_or(secs: f64, fallback: f64) -> Duration {
+    Duration::try_from_secs_f64(secs).unwrap_or_else(|_| Duration::from_secs_f64(fallback))
+}
+
+/// Largest update body accepted for `spec` (bytes): the f32 tensor data (exact), plus
+/// [`UPDATE_HEADER_PER_LAYER`] and six bytes per byte of name for each layer, plus
+/// [`UPDATE_HEADER_ALLOWANCE`]; at most [`MAX_UPDATE_BYTES`].
+pub fn update_body_cap(spec: &ModelSpec) -> usize {
+    let header = spec
+        .layers()
+        .iter()
+        .fold(UPDATE_HEADER_ALLOWANCE as u64, |acc, l| {
+            acc.saturating_add(6 * l.name().len() as u64 + UPDATE_HEADER_PER_LAYER as u64)
+        });
+    let cap = spec.numel().saturating_mul(4).saturating_add(header);
+    usize::try_from(cap).map_or(MAX_UPDATE_BYTES, |c| c.min(MAX_UPDATE_BYTES))
+}
 
 /// One completed round, as reported by `/v1/status`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -132,38 +265,114 @@ impl Shared {
     }
 }
 
-/// Serve the API on `addr` until `shutdown` resolves.
+/// The API's state: the node's shared state and the upload limits.
+#[derive(Debug)]
+struct Api {
+    shared: Arc<Shared>,
+    /// [`update_body_cap`] of the model.
+    cap: usize,
+    /// Deadline for one update body.
+    body_timeout: Duration,
+    /// Permits for update uploads in flight ([`MAX_CONCURRENT_UPLOADS`]).
+    uploads: Arc<Semaphore>,
+}
+
+impl Api {
+    fn new(shared: Arc<Shared>, limits: &ApiLimits) -> Self {
+        let cap = update_body_cap(&shared.spec);
+        Self {
+            shared,
+            cap,
+            body_timeout: limits.body_timeout(cap),
+            uploads: Arc::new(Semaphore::new(MAX_CONCURRENT_UPLOADS)),
+        }
+    }
+}
+
+fn router(api: Arc<Api>) -> Router {
+    Router::new()
+        .route("/v1/status", get(status))
+        .route("/metrics", get(metrics))
+        .route("/v1/spec", get(spec))
+        .route("/v1/update", post(update))
+        .route("/v1/merged", get(merged))
+        .with_state(api)
+}
+
+/// Serve the API on `addr` until `shutdown` resolves, within `limits`.
 ///
 /// # Errors
 /// When the address cannot be bound.
 pub async fn serve(
     addr: SocketAddr,
     shared: Arc<Shared>,
+    limits: ApiLimits,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<SocketAddr> {
-    let app = Router::new()
-        .route("/v1/status", get(status))
-        .route("/metrics", get(metrics))
-        .route("/v1/spec", get(spec))
-        .route("/v1/update", post(update))
-        .route("/v1/merged", get(merged))
-        .layer(DefaultBodyLimit::max(MAX_UPDATE_BYTES))
-        .with_state(shared);
-    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let listener = TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown)
-            .await
-        {
-            tracing::warn!(error = %e, "API server stopped");
-        }
-    });
+    let app = router(Arc::new(Api::new(shared, &limits)));
+    tokio::spawn(accept_loop(
+        listener,
+        app,
+        limits.header_timeout(),
+        shutdown,
+    ));
     Ok(local)
 }
 
-async fn status(State(s): State<Arc<Shared>>) -> impl IntoResponse {
-    let status = s
+/// Accept connections until `shutdown`, serving each with HTTP/1.1 and a header read timeout;
+/// at shutdown, connections finish the request in progress and close.
+async fn accept_loop(
+    listener: TcpListener,
+    app: Router,
+    header_timeout: Duration,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut shutdown = pin!(shutdown);
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(error) => {
+                    // Out of file descriptors, most likely: back off instead of spinning.
+                    tracing::warn!(%error, "API: accepting a connection failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let service = TowerToHyperService::new(app.clone());
+        let mut stop = stop_rx.clone();
+        tokio::spawn(async move {
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(header_timeout);
+            let mut conn = pin!(builder.serve_connection(TokioIo::new(stream), service));
+            let stopped = async move {
+                let _ = stop.wait_for(|s| *s).await;
+            };
+            let result = tokio::select! {
+                r = conn.as_mut() => r,
+                () = stopped => {
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
+                }
+            };
+            if let Err(error) = result {
+                tracing::debug!(%error, "API connection closed");
+            }
+        });
+    }
+    let _ = stop_tx.send(true);
+}
+
+async fn status(State(api): State<Arc<Api>>) -> impl IntoResponse {
+    let status = api
+        .shared
         .status
         .read()
         .unwrap_or_else(PoisonError::into_inner)
@@ -171,13 +380,13 @@ async fn status(State(s): State<Arc<Shared>>) -> impl IntoResponse {
     axum::Json(status)
 }
 
-async fn metrics(State(s): State<Arc<Shared>>) -> impl IntoResponse {
+async fn metrics(State(api): State<Arc<Api>>) -> impl IntoResponse {
     (
         [(
             header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        s.metrics.render(),
+        api.shared.metrics.render(),
     )
 }
 
@@ -195,7 +404,8 @@ struct SpecInfo {
     layers: Vec<LayerInfo>,
 }
 
-async fn spec(State(s): State<Arc<Shared>>) -> impl IntoResponse {
+async fn spec(State(api): State<Arc<Api>>) -> impl IntoResponse {
+    let s = &api.shared;
     axum::Json(SpecInfo {
         model_id: hex::encode(s.spec.id().0),
         params: s.spec.numel(),
@@ -219,34 +429,144 @@ struct UpdateParams {
     loss: f32,
 }
 
-async fn update(
-    State(s): State<Arc<Shared>>,
-    Query(q): Query<UpdateParams>,
-    body: Bytes,
-) -> Response {
-    let update = match update_from_safetensors(&body, &s.spec) {
-        Ok(u) => u,
-        Err(e) => return (StatusCode::UNPROCESSABLE_ENTITY, e).into_response(),
-    };
-    if q.samples == 0 || !q.loss.is_finite() {
-        return (
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "samples must be > 0 and loss finite",
-        )
-            .into_response();
+impl UpdateParams {
+    /// The bounds the packet codec puts on the same fields of our own packet.
+    fn check(&self) -> Result<(), String> {
+        if !(1..=MAX_SAMPLES).contains(&self.samples) {
+            return Err(format!(
+                "samples must be in 1..={MAX_SAMPLES}, got {}",
+                self.samples
+            ));
+        }
+        if !(self.loss.is_finite() && self.loss.abs() <= MAX_ABS_LOSS) {
+            return Err(format!(
+                "loss must be finite with magnitude at most {MAX_ABS_LOSS:e}, got {}",
+                self.loss
+            ));
+        }
+        Ok(())
     }
-    match s.updates.try_send(ExternalUpdate {
+}
+
+/// A refusal: the status and a one-line text body.
+fn refuse(code: StatusCode, message: impl Into<String>) -> Response {
+    let message = message.into();
+    tracing::debug!(%code, %message, "API: update refused");
+    (code, message).into_response()
+}
+
+/// Why an update body could not be read.
+#[derive(Debug, thiserror::Error)]
+enum BodyError {
+    #[error("the update body is over the limit of {0} bytes for this model")]
+    TooLarge(usize),
+    #[error("reading the update body: {0}")]
+    Read(axum::Error),
+}
+
+/// Read `body` whole, failing as soon as it passes `cap` bytes. `declared` (the
+/// `Content-Length`, already checked against `cap`) sizes the buffer, so a body is held once.
+async fn read_body(
+    mut body: Body,
+    cap: usize,
+    declared: Option<u64>,
+) -> Result<Vec<u8>, BodyError> {
+    let reserve = declared.map_or(0, |n| usize::try_from(n).unwrap_or(cap).min(cap));
+    let mut buf = Vec::with_capacity(reserve);
+    while let Some(frame) =
+        std::future::poll_fn(|cx| std::pin::Pin::new(&mut body).poll_frame(cx)).await
+    {
+        let Ok(data) = frame.map_err(BodyError::Read)?.into_data() else {
+            continue; // trailers
+        };
+        if data.len() > cap.saturating_sub(buf.len()) {
+            return Err(BodyError::TooLarge(cap));
+        }
+        buf.extend_from_slice(&data);
+    }
+    Ok(buf)
+}
+
+/// `POST /v1/update`: every check that needs no body first (query, declared size, upload permit,
+/// queue slot), then the body within its deadline, then the tensors.
+async fn update(
+    State(api): State<Arc<Api>>,
+    Query(q): Query<UpdateParams>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    if let Err(e) = q.check() {
+        return refuse(StatusCode::UNPROCESSABLE_ENTITY, e);
+    }
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if let Some(n) = declared
+        && n > api.cap as u64
+    {
+        return refuse(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "an update of {n} bytes is over the limit of {} bytes for this model",
+                api.cap
+            ),
+        );
+    }
+    let Ok(_permit) = api.uploads.clone().try_acquire_owned() else {
+        return refuse(StatusCode::CONFLICT, "another update upload is in progress");
+    };
+    // The queue slot is held from here, so an accepted body always has somewhere to go.
+    let slot = match api.shared.updates.clone().try_reserve_owned() {
+        Ok(slot) => slot,
+        Err(mpsc::error::TrySendError::Full(_)) => {
+            return refuse(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "an update for this round is already queued",
+            );
+        }
+        Err(mpsc::error::TrySendError::Closed(_)) => {
+            return refuse(StatusCode::SERVICE_UNAVAILABLE, "the node is shutting down");
+        }
+    };
+    let bytes = match tokio::time::timeout(api.body_timeout, read_body(body, api.cap, declared))
+        .await
+    {
+        Ok(Ok(bytes)) => bytes,
+        Ok(Err(e @ BodyError::TooLarge(_))) => {
+            return refuse(StatusCode::PAYLOAD_TOO_LARGE, e.to_string());
+        }
+        Ok(Err(e @ BodyError::Read(_))) => return refuse(StatusCode::BAD_REQUEST, e.to_string()),
+        Err(_) => {
+            return refuse(
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "the update body did not arrive within {:.1} s",
+                    api.body_timeout.as_secs_f64()
+                ),
+            );
+        }
+    };
+    // Decoding a large update takes a while: off the async workers.
+    let spec = api.shared.spec.clone();
+    let decoded = tokio::task::spawn_blocking(move || update_from_safetensors(&bytes, &spec)).await;
+    let update = match decoded {
+        Ok(Ok(u)) => u,
+        Ok(Err(e)) => return refuse(StatusCode::UNPROCESSABLE_ENTITY, e),
+        Err(e) => {
+            tracing::warn!(error = %e, "API: decoding an update failed");
+            return refuse(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "decoding the update failed",
+            );
+        }
+    };
+    slot.send(ExternalUpdate {
         update,
         samples: q.samples,
         loss: q.loss,
-    }) {
-        Ok(()) => StatusCode::ACCEPTED.into_response(),
-        Err(_) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "an update for this round is already queued",
-        )
-            .into_response(),
-    }
+    });
+    StatusCode::ACCEPTED.into_response()
 }
 
 #[derive(Deserialize)]
@@ -254,8 +574,12 @@ struct MergedParams {
     after: Option<u64>,
 }
 
-async fn merged(State(s): State<Arc<Shared>>, Query(q): Query<MergedParams>) -> Response {
-    let guard = s.merged.read().unwrap_or_else(PoisonError::into_inner);
+async fn merged(State(api): State<Arc<Api>>, Query(q): Query<MergedParams>) -> Response {
+    let guard = api
+        .shared
+        .merged
+        .read()
+        .unwrap_or_else(PoisonError::into_inner);
     match guard.as_ref() {
         Some((round, bytes)) if q.after.is_none_or(|a| *round > a) => (
             [
@@ -273,7 +597,8 @@ async fn merged(State(s): State<Arc<Shared>>, Query(q): Query<MergedParams>) -> 
 }
 
 /// Read an update from safetensors: exactly one f32 tensor per spec layer, same names and shapes,
-/// all values finite. Returns the update flat in spec order.
+/// all values finite with magnitude at most [`MAX_ABS_UPDATE_VALUE`]. Returns the update flat in
+/// spec order.
 ///
 /// # Errors
 /// A message naming the first mismatch.
@@ -301,14 +626,19 @@ pub fn update_from_safetensors(bytes: &[u8], spec: &ModelSpec) -> Result<Vec<f32
                 shape
             ));
         }
-        let start = out.len();
-        out.extend(
-            t.data()
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-        );
-        if out[start..].iter().any(|v| !v.is_finite()) {
-            return Err(format!("tensor `{}` holds NaN or infinity", layer.name()));
+        for chunk in t.data().chunks_exact(4) {
+            let v = chunk.try_into().map_or(f32::NAN, f32::from_le_bytes);
+            if !v.is_finite() {
+                return Err(format!("tensor `{}` holds NaN or infinity", layer.name()));
+            }
+            if v.abs() > MAX_ABS_UPDATE_VALUE {
+                return Err(format!(
+                    "tensor `{}` holds {v:e}, over the bound of {MAX_ABS_UPDATE_VALUE:e} on an \
+                     update value",
+                    layer.name()
+                ));
+            }
+            out.push(v);
         }
     }
     Ok(out)
@@ -346,6 +676,270 @@ pub fn update_to_safetensors(update: &[f32], spec: &ModelSpec) -> Result<Vec<u8>
 mod tests {
     use super::*;
     use crate::trainer::Arch;
+    use std::time::Instant;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    /// Longest any test waits for the server.
+    const PATIENCE: Duration = Duration::from_secs(5);
+
+    /// A server for the MLP spec on a loopback port, with `limits`; the receiving end of its
+    /// update queue.
+    async fn start(limits: ApiLimits) -> (SocketAddr, Arc<Api>, mpsc::Receiver<ExternalUpdate>) {
+        let (tx, rx) = mpsc::channel(1);
+        let shared = Arc::new(Shared {
+            status: Default::default(),
+            merged: Default::default(),
+            metrics: NodeMetrics::new(),
+            spec: Arc::new(Arch::MLP.spec().unwrap()),
+            updates: tx,
+        });
+        let api = Arc::new(Api::new(shared, &limits));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(accept_loop(
+            listener,
+            router(api.clone()),
+            limits.header_timeout(),
+            std::future::pending(),
+        ));
+        (addr, api, rx)
+    }
+
+    /// A valid MLP update with `value` at one position, as safetensors.
+    fn body_with(value: f32) -> Vec<u8> {
+        let spec = Arch::MLP.spec().unwrap();
+        let mut update = vec![1e-3f32; spec.numel() as usize];
+        update[7] = value;
+        update_to_safetensors(&update, &spec).unwrap()
+    }
+
+    fn update_head(query: &str, len: u64, expect_continue: bool) -> String {
+        let expect = if expect_continue {
+            "Expect: 100-continue\r\n"
+        } else {
+            ""
+        };
+        format!(
+            "POST /v1/update?{query} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {len}\r\n\
+             {expect}Connection: close\r\n\r\n"
+        )
+    }
+
+    /// Reads until the end of a response head (or the connection's end).
+    async fn read_head(s: &mut TcpStream, buf: &mut Vec<u8>) {
+        let mut chunk = [0u8; 4096];
+        while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+            match tokio::time::timeout(PATIENCE, s.read(&mut chunk)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => return,
+                Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
+                Err(_) => panic!("no response within {PATIENCE:?}"),
+            }
+        }
+    }
+
+    /// Reads the rest of the response until the server closes; its status and text.
+    async fn finish(mut s: TcpStream, mut buf: Vec<u8>) -> (u16, String) {
+        let _ = tokio::time::timeout(PATIENCE, s.read_to_end(&mut buf))
+            .await
+            .expect("the server did not close the connection");
+        let text = String::from_utf8_lossy(&buf).to_string();
+        let code = text
+            .split(' ')
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or_else(|| panic!("not an HTTP response: {text:?}"));
+        (code, text)
+    }
+
+    /// POSTs an update with `Expect: 100-continue`: the body is only sent when the server asks
+    /// for it, so a refusal never races the upload.
+    async fn post(addr: SocketAddr, query: &str, body: &[u8]) -> (u16, String) {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        let head = update_head(query, body.len() as u64, true);
+        s.write_all(head.as_bytes()).await.unwrap();
+        let mut buf = Vec::new();
+        read_head(&mut s, &mut buf).await;
+        if buf.starts_with(b"HTTP/1.1 100") {
+            buf.clear();
+            s.write_all(body).await.unwrap();
+        }
+        finish(s, buf).await
+    }
+
+    #[tokio::test]
+    async fn half_a_header_is_dropped_at_the_header_timeout() {
+        let limits = ApiLimits {
+            header_timeout_secs: 0.3,
+            ..ApiLimits::default()
+        };
+        let (addr, _api, _rx) = start(limits).await;
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"POST /v1/update HTTP/1.1\r\nHost: x\r\n")
+            .await
+            .unwrap();
+        let began = Instant::now();
+        let mut buf = [0u8; 1024];
+        let closed = tokio::time::timeout(Duration::from_secs(3), async {
+            loop {
+                match s.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+            }
+        })
+        .await;
+        assert!(
+            closed.is_ok(),
+            "a half-sent header kept the connection for 3 s"
+        );
+        assert!(
+            began.elapsed() >= Duration::from_millis(100),
+            "closed before the timeout: {:?}",
+            began.elapsed()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_declared_oversize_body_gets_413_without_being_read() {
+        let (addr, api, mut rx) = start(ApiLimits::default()).await;
+        assert!(api.cap < 1 << 20, "the MLP's cap is its size: {}", api.cap);
+        let began = Instant::now();
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        let head = update_head("samples=10", 10 << 30, false);
+        s.write_all(head.as_bytes()).await.unwrap();
+        let (code, text) = finish(s, Vec::new()).await;
+        assert_eq!(code, 413, "{text}");
+        assert!(
+            began.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            began.elapsed()
+        );
+        // One byte over the cap is too much as well; the cap itself is fine.
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        let head = update_head("samples=10", api.cap as u64 + 1, false);
+        s.write_all(head.as_bytes()).await.unwrap();
+        assert_eq!(finish(s, Vec::new()).await.0, 413);
+        assert!(rx.try_recv().is_err());
+    }
+
+    #[tokio::test]
+    async fn a_body_slower_than_its_deadline_gets_408() {
+        let limits = ApiLimits {
+            body_timeout_secs: 0.3,
+            min_body_rate: u64::MAX,
+            ..ApiLimits::default()
+        };
+        let (addr, _api, mut rx) = start(limits).await;
+        let body = body_with(0.5);
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        let head = update_head("samples=10", body.len() as u64, false);
+        s.write_all(head.as_bytes()).await.unwrap();
+        s.write_all(&body[..body.len() / 2]).await.unwrap();
+        let (code, text) = finish(s, Vec::new()).await;
+        assert_eq!(code, 408, "{text}");
+        assert!(rx.try_recv().is_err());
+    }
+
+    #[tokio::test]
+    async fn one_upload_at_a_time_and_none_while_one_is_queued() {
+        let (addr, api, mut rx) = start(ApiLimits::default()).await;
+        let body = body_with(0.5);
+        // A first upload sends its header and half its body, and stalls.
+        let mut first = TcpStream::connect(addr).await.unwrap();
+        let head = update_head("samples=10&loss=0.5", body.len() as u64, false);
+        first.write_all(head.as_bytes()).await.unwrap();
+        let half = body.len() / 2;
+        first.write_all(&body[..half]).await.unwrap();
+        let began = Instant::now();
+        while api.uploads.available_permits() > 0 {
+            assert!(began.elapsed() < PATIENCE, "the first upload never started");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // A second one is refused before its body is asked for.
+        let (code, text) = post(addr, "samples=20", &body).await;
+        assert_eq!(code, 409, "{text}");
+        // The first one completes and is queued.
+        first.write_all(&body[half..]).await.unwrap();
+        let (code, text) = finish(first, Vec::new()).await;
+        assert_eq!(code, 202, "{text}");
+        // With its update queued, the next upload is refused at once, its body never sent.
+        let mut third = TcpStream::connect(addr).await.unwrap();
+        let head = update_head("samples=30", body.len() as u64, false);
+        third.write_all(head.as_bytes()).await.unwrap();
+        let (code, text) = finish(third, Vec::new()).await;
+        assert_eq!(code, 503, "{text}");
+        let queued = rx.try_recv().unwrap();
+        assert_eq!((queued.samples, queued.loss), (10, 0.5));
+        assert!(rx.try_recv().is_err());
+    }
+
+    #[tokio::test]
+    async fn huge_and_non_finite_values_get_422() {
+        let (addr, _api, mut rx) = start(ApiLimits::default()).await;
+        for bad in [3e38, -3e38, 1.5e6, f32::NAN, f32::INFINITY] {
+            let (code, text) = post(addr, "samples=10", &body_with(bad)).await;
+            assert_eq!(code, 422, "{bad}: {text}");
+            assert!(rx.try_recv().is_err(), "{bad} was queued");
+        }
+        let (code, text) = post(addr, "samples=10", &body_with(-MAX_ABS_UPDATE_VALUE)).await;
+        assert_eq!(code, 202, "{text}");
+        assert_eq!(rx.try_recv().unwrap().update[7], -MAX_ABS_UPDATE_VALUE);
+    }
+
+    #[tokio::test]
+    async fn samples_and_loss_out_of_range_are_refused() {
+        let (addr, _api, mut rx) = start(ApiLimits::default()).await;
+        let body = body_with(0.5);
+        for (query, want) in [
+            ("samples=18446744073709551615", 422),
+            ("samples=0", 422),
+            ("samples=4294967297", 422),
+            ("samples=10&loss=1e7", 422),
+            ("samples=10&loss=-inf", 422),
+            ("samples=10&loss=NaN", 422),
+            ("samples=18446744073709551616", 400),
+            ("samples=-1", 400),
+            ("samples=ten", 400),
+            ("loss=0.5", 400),
+        ] {
+            let (code, text) = post(addr, query, &body).await;
+            assert_eq!(code, want, "{query}: {text}");
+            assert!(rx.try_recv().is_err(), "{query} was queued");
+        }
+        let (code, text) = post(addr, "samples=4294967296&loss=-1e6", &body).await;
+        assert_eq!(code, 202, "{text}");
+        let queued = rx.try_recv().unwrap();
+        assert_eq!((queued.samples, queued.loss), (MAX_SAMPLES, -MAX_ABS_LOSS));
+    }
+
+    #[test]
+    fn the_body_cap_fits_real_updates_and_little_more() {
+        for arch in [Arch::MLP, Arch::Mlp { hidden: 32 }] {
+            let spec = arch.spec().unwrap();
+            let bytes = update_to_safetensors(&vec![0.0; spec.numel() as usize], &spec).unwrap();
+            let cap = update_body_cap(&spec);
+            assert!(bytes.len() <= cap, "{} > {cap}", bytes.len());
+            let slack = UPDATE_HEADER_ALLOWANCE + 8 * UPDATE_HEADER_PER_LAYER;
+            assert!(cap - bytes.len() <= slack, "{cap} vs {}", bytes.len());
+        }
+        let limits = ApiLimits::default();
+        assert_eq!(limits.header_timeout(), Duration::from_secs(10));
+        assert_eq!(limits.body_timeout(8 << 20), Duration::from_secs(11));
+        assert_eq!(
+            limits.body_timeout(MAX_UPDATE_BYTES),
+            Duration::from_secs(138)
+        );
+        let broken = ApiLimits {
+            header_timeout_secs: f64::NAN,
+            body_timeout_secs: -1.0,
+            min_body_rate: 0,
+        };
+        assert!(broken.validate().is_err());
+        assert_eq!(broken.header_timeout(), Duration::from_secs(10));
+        assert!(broken.body_timeout(1 << 20) < Duration::from_secs(1 << 21));
+        limits.validate().unwrap();
+    }
 
     #[test]
     fn safetensors_round_trip_and_validation() {
@@ -360,6 +954,17 @@ mod tests {
             update_from_safetensors(&bytes, &other)
                 .unwrap_err()
                 .contains("fc1.weight")
+        );
+        let mut big = update.clone();
+        big[5] = MAX_ABS_UPDATE_VALUE;
+        let bytes = update_to_safetensors(&big, &spec).unwrap();
+        assert_eq!(update_from_safetensors(&bytes, &spec).unwrap(), big);
+        big[5] = 1.000_001e6;
+        let bytes = update_to_safetensors(&big, &spec).unwrap();
+        assert!(
+            update_from_safetensors(&bytes, &spec)
+                .unwrap_err()
+                .contains("over the bound")
         );
         let mut nan = update;
         nan[5] = f32::NAN;

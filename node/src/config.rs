@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::api::ApiLimits;
 use crate::trainer::{Arch, Rotation, Task, TrainConfig};
 
 /// The config file's name inside a data directory.
@@ -189,6 +190,8 @@ pub struct NodeConfig {
     pub log_format: LogFormat,
     /// Trainer.
     pub trainer: TrainerConfig,
+    /// Timeouts of the local HTTP API (see [`crate::api`] for all its limits).
+    pub api_limits: ApiLimits,
 }
 
 impl Default for NodeConfig {
@@ -208,6 +211,7 @@ impl Default for NodeConfig {
             snapshot_share: kindred_distill::PullConfig::default().share,
             log_format: LogFormat::Text,
             trainer: TrainerConfig::default(),
+            api_limits: ApiLimits::default(),
         }
     }
 }
@@ -261,6 +265,7 @@ impl NodeConfig {
         if !(self.snapshot_share > 0.0 && self.snapshot_share <= 1.0) {
             return bad("snapshot_share must be in (0, 1]");
         }
+        self.api_limits.validate().map_err(ConfigError::Invalid)?;
         let t = &self.trainer;
         if t.shards == 0 || t.shard >= t.shards {
             return bad("trainer.shard must be below trainer.shards");
@@ -303,5 +308,11 @@ mod tests {
         assert!(matches!(bad.validate(), Err(ConfigError::Invalid(_))));
         let off: NodeConfig = toml::from_str("snapshot_every = 0\n").unwrap();
         off.validate().unwrap();
+        let api: NodeConfig = toml::from_str("[api_limits]\nheader_timeout_secs = 2.5\n").unwrap();
+        assert_eq!(api.api_limits.header_timeout(), Duration::from_millis(2500));
+        assert_eq!(api.api_limits.body_timeout_secs, 10.0);
+        let bad: NodeConfig = toml::from_str("[api_limits]\nbody_timeout_secs = -1\n").unwrap();
+        assert!(matches!(bad.validate(), Err(ConfigError::Invalid(_))));
+        assert!(toml::from_str::<NodeConfig>("[api_limits]\nheader_timeout = 2\n").is_err());
     }
 }

@@ -346,9 +346,13 @@ fn swarm_key(args: SwarmKeyArgs) -> anyhow::Result<()> {
     let mut key = [0u8; 32];
     rand::rng().fill_bytes(&mut key);
     let text = format!("/key/swarm/psk/1.0.0/\n/base16/\n{}\n", hex::encode(key));
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
+    let mut options = std::fs::OpenOptions::new();
+    // Never overwrite an existing key; create the new one readable by its owner only (the key is
+    // a secret: whoever reads it can join the private swarm).
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let mut file = options
         .open(&args.out)
         .with_context(|| format!("creating {} (it must not exist yet)", args.out.display()))?;
     std::io::Write::write_all(&mut file, text.as_bytes())?;

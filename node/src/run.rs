@@ -89,8 +89,27 @@ fn now_ms() -> u64 {
 pub fn read_swarm_key(path: &Path) -> anyhow::Result<PreSharedKey> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("reading swarm key {}", path.display()))?;
+    #[cfg(unix)]
+    if let Ok(meta) = std::fs::metadata(path) {
+        let mode = std::os::unix::fs::PermissionsExt::mode(&meta.permissions());
+        if key_file_too_open(mode) {
+            tracing::warn!(
+                path = %path.display(),
+                mode = format!("{:o}", mode & 0o777),
+                "the swarm key file is readable by group or others: anyone who can read it can \
+                 join the private swarm; fix with `chmod 600 {}`",
+                path.display()
+            );
+        }
+    }
     text.parse::<PreSharedKey>()
         .map_err(|e| anyhow::anyhow!("{} is not a swarm key: {e}", path.display()))
+}
+
+/// Whether a swarm key file with unix permission bits `mode` is readable (or writable) by its
+/// group or by others: the key is a secret and should be mode `0600`.
+pub fn key_file_too_open(mode: u32) -> bool {
+    mode & 0o077 != 0
 }
 
 /// Run a node from `data_dir` with `config` until `shutdown` flips to `true` or the configured
@@ -178,7 +197,7 @@ pub async fn run(
     });
     if let Some(addr) = config.api {
         let mut stop = shutdown.clone();
-        let local = api::serve(addr, shared.clone(), async move {
+        let local = api::serve(addr, shared.clone(), config.api_limits, async move {
             let _ = stop.wait_for(|s| *s).await;
         })
         .await
@@ -665,6 +684,16 @@ fn raise_open_file_limit(config: &RoutingConfig) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn swarm_key_modes_open_to_group_or_others_are_flagged() {
+        for private in [0o600, 0o400, 0o100600, 0o700] {
+            assert!(!key_file_too_open(private), "{private:o}");
+        }
+        for open in [0o644, 0o640, 0o604, 0o666, 0o100644, 0o620, 0o602] {
+            assert!(key_file_too_open(open), "{open:o}");
+        }
+    }
 
     /// What a fake partner answers, and whether the pull takes it.
     #[derive(Clone, Copy)]

@@ -48,6 +48,14 @@ fn swarm_key_is_written_once_in_the_pnet_format() {
     assert_eq!(&lines[..2], ["/key/swarm/psk/1.0.0/", "/base16/"]);
     assert_eq!(lines[2].len(), 64);
     assert!(kindred_node::run::read_swarm_key(&key).is_ok());
+    // The key is a secret: readable by its owner only.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&key).unwrap().permissions().mode();
+        assert_eq!(mode & 0o077, 0, "swarm key mode {mode:o}");
+        assert!(!kindred_node::run::key_file_too_open(mode));
+    }
     // Never overwrite an existing key.
     let again = kindred()
         .args(["swarm-key", "--out"])
