@@ -1,12 +1,14 @@
-//! The composed libp2p `NetworkBehaviour`: ban list, connection limits, Kademlia, identify,
-//! ping, and the header/body request-response protocol.
+//! The composed libp2p `NetworkBehaviour`: identity gate, ban list, connection limits,
+//! Kademlia, identify, ping, and the header/body request-response protocol.
 //!
-//! Order matters: the ban list and the limits come first so that a banned peer or a connection
-//! over the limits is refused before any other behaviour sees it.
+//! Order matters: the identity gate ([`crate::identity_gate`]: weak, non-canonical or
+//! non-ed25519 identity keys, which the Noise handshake lets through), the ban list and the limits
+//! come first so that such a peer, a banned peer or a connection over the limits is refused
+//! before any other behaviour sees it.
 
 use std::convert::Infallible;
 
-use kindred_proto::rpc::{RpcRequest, RpcResponse};
+use kindred_proto::rpc::RpcResponse;
 use libp2p::identity::Keypair;
 use libp2p::kad::store::{MemoryStore, MemoryStoreConfig};
 use libp2p::swarm::NetworkBehaviour;
@@ -14,8 +16,9 @@ use libp2p::{
     StreamProtocol, allow_block_list, connection_limits, identify, kad, ping, request_response,
 };
 
-use crate::codec::{RPC_PROTOCOL, RpcCodec};
+use crate::codec::{RPC_PROTOCOL, RpcCodec, WireRequest};
 use crate::config::{ConnectionConfig, KadConfig, KadMode, RoutingConfig};
+use crate::identity_gate::IdentityGate;
 
 /// Kademlia protocol name of Kindred's DHT.
 pub const KAD_PROTOCOL: StreamProtocol = StreamProtocol::new("/kindred/kad/1.0.0");
@@ -27,6 +30,8 @@ pub const IDENTIFY_VERSION: &str = "/kindred/1.0.0";
 #[derive(NetworkBehaviour)]
 #[behaviour(to_swarm = "BehaviourEvent")]
 pub struct Behaviour {
+    /// Refuses peers whose identity key fails the strict check.
+    pub identity_gate: IdentityGate,
     /// Banned peers: connections refused, existing ones closed.
     pub blocked: allow_block_list::Behaviour<allow_block_list::BlockedPeers>,
     /// Connection limits.
@@ -50,8 +55,9 @@ pub enum BehaviourEvent {
     Identify(Box<identify::Event>),
     /// A ping result.
     Ping(ping::Event),
-    /// A request, response or failure of `/kindred/rpc/1.0.0`.
-    Rpc(request_response::Event<RpcRequest, RpcResponse>),
+    /// A request (possibly [`WireRequest::Invalid`]), response or failure of
+    /// `/kindred/rpc/1.0.0`.
+    Rpc(request_response::Event<WireRequest, RpcResponse>),
 }
 
 impl From<Infallible> for BehaviourEvent {
@@ -78,8 +84,8 @@ impl From<ping::Event> for BehaviourEvent {
     }
 }
 
-impl From<request_response::Event<RpcRequest, RpcResponse>> for BehaviourEvent {
-    fn from(e: request_response::Event<RpcRequest, RpcResponse>) -> Self {
+impl From<request_response::Event<WireRequest, RpcResponse>> for BehaviourEvent {
+    fn from(e: request_response::Event<WireRequest, RpcResponse>) -> Self {
         Self::Rpc(e)
     }
 }
@@ -136,6 +142,7 @@ impl Behaviour {
                 .with_max_concurrent_streams(64),
         );
         Self {
+            identity_gate: IdentityGate::new(),
             blocked: allow_block_list::Behaviour::default(),
             limits: connection_limits::Behaviour::new(limits(&config.connections)),
             kad,

@@ -7,9 +7,20 @@
 //! request is the one that reads its response (libp2p clones it per outbound stream), so it
 //! remembers which limit applies.
 //!
-//! Decoding failures surface as `io::Error`s of kind `InvalidData` wrapping a typed
-//! [`CodecError`]; [`CodecError::from_io`] recovers it so the driver can score the peer by the
-//! exact reason.
+//! A *response* that fails to decode surfaces as an `io::Error` of kind `InvalidData` wrapping a
+//! typed [`CodecError`]; [`CodecError::from_io`] recovers it from the outbound failure so the
+//! driver can score the peer by the exact reason.
+//!
+//! A *request* that fails to decode cannot go the same way: libp2p-request-response reports a
+//! failed `read_request` to nobody (the handler drops the stream and the behaviour only logs an
+//! "unknown request id" at debug level), so a peer could send garbage or a 4 GiB length prefix
+//! forever without being scored. [`RpcCodec::read_request`] therefore *succeeds* on a complete
+//! but invalid request and yields [`WireRequest::Invalid`]: the driver receives it as an ordinary
+//! inbound request, penalises the peer (reject label `bad_request`) and drops the response
+//! channel, so nothing is answered and the stream is closed. An oversize length prefix is judged
+//! on the prefix alone: nothing past the four bytes is read or allocated. A stream that ends in
+//! the middle of a frame, or fails in the transport, is still an `io::Error` and is not scored:
+//! that can be the network's doing.
 
 use std::io;
 
@@ -69,6 +80,40 @@ impl From<CodecError> for io::Error {
     }
 }
 
+/// A request as read off the wire: what [`RpcCodec`] carries as its request type.
+///
+/// Outbound, only [`WireRequest::Valid`] is ever written (`From<RpcRequest>` builds it). Inbound,
+/// [`WireRequest::Invalid`] stands for a complete frame that is not a request, or a length prefix
+/// over [`MAX_REQUEST_BYTES`], so that the driver sees, scores and drops it (see the module docs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WireRequest {
+    /// A request that decoded.
+    Valid(RpcRequest),
+    /// Bytes that are not a request, and why (`FrameTooLarge` or `Decode`).
+    Invalid(CodecError),
+}
+
+impl From<RpcRequest> for WireRequest {
+    fn from(request: RpcRequest) -> Self {
+        Self::Valid(request)
+    }
+}
+
+/// Why a frame could not be read: the peer's fault (a typed [`CodecError`]) or the stream's.
+enum FrameError {
+    Codec(CodecError),
+    Io(io::Error),
+}
+
+impl From<FrameError> for io::Error {
+    fn from(e: FrameError) -> Self {
+        match e {
+            FrameError::Codec(c) => c.into(),
+            FrameError::Io(e) => e,
+        }
+    }
+}
+
 /// Length-prefixed postcard codec with per-kind response limits.
 #[derive(Debug, Clone)]
 pub struct RpcCodec {
@@ -83,28 +128,33 @@ impl Default for RpcCodec {
     }
 }
 
-async fn read_frame<T: AsyncRead + Unpin + Send>(io: &mut T, max: usize) -> io::Result<Vec<u8>> {
+async fn read_frame<T: AsyncRead + Unpin + Send>(
+    io: &mut T,
+    max: usize,
+) -> Result<Vec<u8>, FrameError> {
     let mut prefix = [0u8; 4];
     io.read_exact(&mut prefix).await.map_err(|e| {
         if e.kind() == io::ErrorKind::UnexpectedEof {
-            CodecError::Truncated.into()
+            FrameError::Codec(CodecError::Truncated)
         } else {
-            e
+            FrameError::Io(e)
         }
     })?;
     let len = u32::from_be_bytes(prefix) as usize;
     if len > max {
-        return Err(CodecError::FrameTooLarge {
+        return Err(FrameError::Codec(CodecError::FrameTooLarge {
             len: len as u64,
             max: max as u64,
-        }
-        .into());
+        }));
     }
     // Grow with the data actually received rather than trusting the prefix up front.
     let mut buf = Vec::with_capacity(len.min(64 * 1024));
-    io.take(len as u64).read_to_end(&mut buf).await?;
+    io.take(len as u64)
+        .read_to_end(&mut buf)
+        .await
+        .map_err(FrameError::Io)?;
     if buf.len() != len {
-        return Err(CodecError::Truncated.into());
+        return Err(FrameError::Codec(CodecError::Truncated));
     }
     Ok(buf)
 }
@@ -121,15 +171,27 @@ async fn write_frame<T: AsyncWrite + Unpin + Send>(io: &mut T, bytes: &[u8]) -> 
 
 impl Codec for RpcCodec {
     type Protocol = StreamProtocol;
-    type Request = RpcRequest;
+    type Request = WireRequest;
     type Response = RpcResponse;
 
-    async fn read_request<T>(&mut self, _: &StreamProtocol, io: &mut T) -> io::Result<RpcRequest>
+    /// Reads one request. A complete frame that does not decode, or a length prefix over
+    /// [`MAX_REQUEST_BYTES`] (nothing after it is read), is `Ok(WireRequest::Invalid)` so the
+    /// driver can score the sender; a truncated frame or a transport error is an `io::Error`.
+    async fn read_request<T>(&mut self, _: &StreamProtocol, io: &mut T) -> io::Result<WireRequest>
     where
         T: AsyncRead + Unpin + Send,
     {
-        let bytes = read_frame(io, MAX_REQUEST_BYTES).await?;
-        RpcRequest::decode(&bytes).map_err(|e| CodecError::Decode(e).into())
+        let bytes = match read_frame(io, MAX_REQUEST_BYTES).await {
+            Ok(bytes) => bytes,
+            Err(FrameError::Codec(e @ CodecError::FrameTooLarge { .. })) => {
+                return Ok(WireRequest::Invalid(e));
+            }
+            Err(e) => return Err(e.into()),
+        };
+        Ok(match RpcRequest::decode(&bytes) {
+            Ok(request) => WireRequest::Valid(request),
+            Err(e) => WireRequest::Invalid(CodecError::Decode(e)),
+        })
     }
 
     async fn read_response<T>(&mut self, _: &StreamProtocol, io: &mut T) -> io::Result<RpcResponse>
@@ -137,7 +199,7 @@ impl Codec for RpcCodec {
         T: AsyncRead + Unpin + Send,
     {
         let limit = self.response_limit;
-        let bytes = read_frame(io, limit).await?;
+        let bytes = read_frame(io, limit).await.map_err(io::Error::from)?;
         RpcResponse::decode(&bytes, limit).map_err(|e| CodecError::Decode(e).into())
     }
 
@@ -145,11 +207,16 @@ impl Codec for RpcCodec {
         &mut self,
         _: &StreamProtocol,
         io: &mut T,
-        request: RpcRequest,
+        request: WireRequest,
     ) -> io::Result<()>
     where
         T: AsyncWrite + Unpin + Send,
     {
+        // An invalid request only ever comes off the wire; there is nothing to send for it.
+        let request = match request {
+            WireRequest::Valid(request) => request,
+            WireRequest::Invalid(e) => return Err(io::Error::new(io::ErrorKind::InvalidInput, e)),
+        };
         self.response_limit = request.response_limit();
         let bytes = request.encode().map_err(CodecError::Encode)?;
         write_frame(io, &bytes).await
@@ -194,13 +261,13 @@ mod tests {
             };
             let mut out = Cursor::new(Vec::new());
             codec
-                .write_request(&RPC_PROTOCOL, &mut out, request.clone())
+                .write_request(&RPC_PROTOCOL, &mut out, request.clone().into())
                 .await
                 .unwrap();
             let mut input = Cursor::new(out.into_inner());
             assert_eq!(
                 codec.read_request(&RPC_PROTOCOL, &mut input).await.unwrap(),
-                request
+                WireRequest::Valid(request)
             );
 
             // After a headers request, a body-sized response is refused on its prefix alone.
@@ -231,12 +298,53 @@ mod tests {
                 .await
                 .unwrap_err();
             assert_eq!(CodecError::from_io(&err).unwrap(), &CodecError::Truncated);
-            let huge = ((MAX_REQUEST_BYTES + 1) as u32).to_be_bytes().to_vec();
+        });
+    }
+
+    /// Invalid requests are values the driver sees, not errors libp2p swallows.
+    #[test]
+    fn invalid_requests_are_yielded_not_failed() {
+        block_on(async {
+            let mut codec = RpcCodec::default();
+            let read = |bytes: Vec<u8>| {
+                let mut codec = codec.clone();
+                async move {
+                    codec
+                        .read_request(&RPC_PROTOCOL, &mut Cursor::new(bytes))
+                        .await
+                        .unwrap()
+                }
+            };
+            // Not postcard.
+            let WireRequest::Invalid(e) = read(framed(&[0xff; 40])).await else {
+                panic!("garbage decoded as a request");
+            };
+            assert_eq!(e.reason(), "rpc_malformed");
+            // A 4 GiB claim followed by a few bytes: refused on the prefix alone.
+            let mut huge = u32::MAX.to_be_bytes().to_vec();
+            huge.extend_from_slice(&[7; 16]);
+            assert_eq!(
+                read(huge).await,
+                WireRequest::Invalid(CodecError::FrameTooLarge {
+                    len: u64::from(u32::MAX),
+                    max: MAX_REQUEST_BYTES as u64,
+                })
+            );
+            let just_over = ((MAX_REQUEST_BYTES + 1) as u32).to_be_bytes().to_vec();
+            let WireRequest::Invalid(e) = read(just_over).await else {
+                panic!("oversize request accepted");
+            };
+            assert_eq!(e.reason(), "rpc_oversize");
+            // Nothing invalid is ever written.
             let err = codec
-                .read_request(&RPC_PROTOCOL, &mut Cursor::new(huge))
+                .write_request(
+                    &RPC_PROTOCOL,
+                    &mut Cursor::new(Vec::new()),
+                    WireRequest::Invalid(CodecError::Truncated),
+                )
                 .await
                 .unwrap_err();
-            assert_eq!(CodecError::from_io(&err).unwrap().reason(), "rpc_oversize");
+            assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
         });
     }
 }

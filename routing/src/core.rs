@@ -6,7 +6,7 @@
 //! 1. Commands ([`RoutingCore::announce`], [`RoutingCore::start_lookup`],
 //!    [`RoutingCore::fetch_snapshot`]) and network inputs
 //!    (`handle_providers`, `handle_key_lookup_done`, `handle_provide_result`,
-//!    `handle_response`, `handle_request`, `handle_inbound_failure`) update the state.
+//!    `handle_response`, `handle_request`, `handle_bad_request`) update the state.
 //! 2. After each call, drain [`RoutingCore::poll_output`] until it returns `None` and carry out
 //!    every [`Output`] (start a DHT query, send a request, ban a peer, complete a lookup...).
 //! 3. Call [`RoutingCore::handle_timeout`] whenever the instant from

@@ -16,19 +16,20 @@ use libp2p::core::Endpoint;
 use libp2p::kad::store::RecordStore;
 use libp2p::kad::{self, GetProvidersOk, QueryId, QueryResult, RecordKey};
 use libp2p::metrics::Registry;
-use libp2p::request_response::{self, InboundFailure, OutboundFailure, OutboundRequestId};
+use libp2p::request_response::{self, OutboundFailure, OutboundRequestId};
 use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
-use libp2p::swarm::{ConnectionId, NetworkBehaviour, SwarmEvent};
+use libp2p::swarm::{ConnectionDenied, ConnectionId, ListenError, NetworkBehaviour, SwarmEvent};
 use libp2p::{PeerId, Swarm, identify};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::addr_book::AddrBook;
 use crate::behaviour::{Behaviour, BehaviourEvent, KAD_PROTOCOL};
-use crate::codec::CodecError;
+use crate::codec::{CodecError, WireRequest};
 use crate::config::RoutingConfig;
 use crate::core::{AnnounceError, AnnounceId, AnnounceReport, Output, RequestFailure, RoutingCore};
 use crate::handle::{BootstrapError, Command, DialError, NodeInfo, ReplayMark, RoutingEvent};
-use crate::keys::SemanticKey;
+use crate::identity_gate::{BAD_IDENTITY, IdentityDenied};
+use crate::keys::{SemanticKey, dht_key};
 use crate::lookup::{LookupError, LookupId, Partners};
 use crate::snapshot::{SnapshotError, SnapshotFetchId};
 use crate::store::PacketStore;
@@ -252,7 +253,7 @@ impl Driver {
                         .swarm
                         .behaviour_mut()
                         .kad
-                        .start_providing(RecordKey::new(&key))
+                        .start_providing(RecordKey::new(&dht_key(&key)))
                     {
                         Ok(id) => {
                             self.queries.insert(id, QueryCtx::Provide(announce));
@@ -267,14 +268,14 @@ impl Driver {
                     self.swarm
                         .behaviour_mut()
                         .kad
-                        .stop_providing(&RecordKey::new(&key));
+                        .stop_providing(&RecordKey::new(&dht_key(&key)));
                 }
                 Output::GetProviders { lookup, key } => {
                     let id = self
                         .swarm
                         .behaviour_mut()
                         .kad
-                        .get_providers(RecordKey::new(&key));
+                        .get_providers(RecordKey::new(&dht_key(&key)));
                     self.queries.insert(id, QueryCtx::Providers(lookup, key));
                     self.lookup_queries
                         .entry(lookup)
@@ -292,7 +293,7 @@ impl Driver {
                         let stored: Vec<_> = behaviour
                             .kad
                             .store_mut()
-                            .providers(&RecordKey::new(&key))
+                            .providers(&RecordKey::new(&dht_key(&key)))
                             .into_iter()
                             .filter(|r| r.provider == peer)
                             .flat_map(|r| r.addresses)
@@ -337,7 +338,11 @@ impl Driver {
                         }
                     }
                     let id = request.id();
-                    let out = self.swarm.behaviour_mut().rpc.send_request(&peer, request);
+                    let out = self
+                        .swarm
+                        .behaviour_mut()
+                        .rpc
+                        .send_request(&peer, request.into());
                     self.requests.insert(out, id);
                 }
                 Output::Ban {
@@ -417,11 +422,18 @@ impl Driver {
                     self.emit(RoutingEvent::PeerConnected { peer: peer_id });
                 }
             }
+            SwarmEvent::IncomingConnectionError {
+                error: ListenError::Denied { cause },
+                ..
+            } => self.note_denied(&cause),
             SwarmEvent::OutgoingConnectionError {
                 connection_id,
                 error,
                 ..
             } => {
+                if let libp2p::swarm::DialError::Denied { cause } = &error {
+                    self.note_denied(cause);
+                }
                 if let Some(reply) = self.dials.remove(&connection_id) {
                     let _ = reply.send(Err(DialError::Failed(error.to_string())));
                 }
@@ -437,6 +449,15 @@ impl Driver {
                 self.swarm.add_external_address(address);
             }
             _ => {}
+        }
+    }
+
+    /// Count a connection the identity gate refused (other denials are the ban list's or the
+    /// limits', already accounted for).
+    fn note_denied(&mut self, cause: &ConnectionDenied) {
+        if let Some(denied) = cause.downcast_ref::<IdentityDenied>() {
+            self.core
+                .reject(&denied.peer, BAD_IDENTITY, None, Instant::now());
         }
     }
 
@@ -504,15 +525,24 @@ impl Driver {
         }
     }
 
-    fn on_rpc(
-        &mut self,
-        event: request_response::Event<kindred_proto::RpcRequest, kindred_proto::RpcResponse>,
-    ) {
+    fn on_rpc(&mut self, event: request_response::Event<WireRequest, kindred_proto::RpcResponse>) {
         let now = Instant::now();
         match event {
             request_response::Event::Message { peer, message, .. } => match message {
                 request_response::Message::Request {
-                    request, channel, ..
+                    request: WireRequest::Invalid(error),
+                    channel,
+                    ..
+                } => {
+                    // Scored like a bad response; dropping the channel answers nothing and closes
+                    // the stream.
+                    self.core.handle_bad_request(peer, error.reason(), now);
+                    drop(channel);
+                }
+                request_response::Message::Request {
+                    request: WireRequest::Valid(request),
+                    channel,
+                    ..
                 } => {
                     let response = self.core.handle_request(peer, &request, &*self.store, now);
                     if self
@@ -545,15 +575,11 @@ impl Driver {
                         .handle_response(peer, id, Err(outbound_failure(&error)), now);
                 }
             }
+            // Undecodable and oversize requests arrive as `WireRequest::Invalid` above; what is
+            // left here (a timeout, a closed connection, a failed write of our response) is not
+            // evidence against the peer.
             request_response::Event::InboundFailure { peer, error, .. } => {
-                if let InboundFailure::Io(e) = &error {
-                    match CodecError::from_io(e) {
-                        Some(CodecError::Truncated) | Some(CodecError::Encode(_)) | None => {
-                            tracing::debug!(%peer, error = %e, "inbound request failed");
-                        }
-                        Some(c) => self.core.handle_inbound_failure(peer, c.reason(), now),
-                    }
-                }
+                tracing::debug!(%peer, %error, "inbound request failed");
             }
             request_response::Event::ResponseSent { .. } => {}
         }

@@ -24,6 +24,18 @@
 //! and a looker queries them all. [`next_shard_count`] is the pure policy that grows and shrinks
 //! the shard count from observed provider counts.
 //!
+//! **On the wire** a semantic key is not sent as its 32 raw bytes: [`dht_key`] wraps the blake3
+//! digest as a binary CIDv1 (`0x01` version, `0x55` raw codec, then the multihash: `0x1e` blake3,
+//! `0x20` length, the digest; 36 bytes), and that is the Kademlia record key of every
+//! `ADD_PROVIDER` and `GET_PROVIDERS`. Why a CID and not a bare multihash: libp2p-kad (Rust) and
+//! go-libp2p-kad-dht take provider keys as opaque bytes (go only caps them at 80 bytes), but
+//! js-libp2p's kad-dht decodes every provider key with `CID.decode` and answers "Invalid CID"
+//! otherwise. `CID.decode` reads a bare multihash as a CIDv0 only when it is sha2-256
+//! (`0x12 0x20 …`); a bare blake3 multihash (`0x1e 0x20 …`) reads as "CID version 30" and is
+//! refused. A CIDv1 is accepted by all three, names the hash function honestly, and still carries
+//! the standard multihash (bytes `2..`). The derivation of the digest itself is unchanged, and
+//! the RPCs (`GetHeaders` by key) keep using the 32-byte [`SemanticKey`].
+//!
 //! Everything here is a pure function of its inputs, allocation-free except the probe heap, and
 //! independent of libp2p types, so the simulator can call the same code for 10^6 virtual nodes.
 //!
@@ -45,9 +57,43 @@ use std::collections::BinaryHeap;
 
 use kindred_proto::{ModelId, SIMHASH_BITS, SimHash};
 
-/// A 32-byte DHT key. Plain bytes so that callers outside libp2p (the simulator) can use them;
-/// the libp2p layer converts them to `kad::RecordKey`.
+/// A 32-byte semantic key (a blake3 digest). Plain bytes so that callers outside libp2p (the
+/// simulator) can use them; the libp2p layer turns them into `kad::RecordKey`s of [`dht_key`].
 pub type SemanticKey = [u8; 32];
+
+/// Multicodec of the blake3 hash function, as a multihash code.
+pub const BLAKE3_MULTIHASH_CODE: u8 = 0x1e;
+/// Multicodec of raw binary content, as a CIDv1 codec.
+pub const RAW_CODEC: u8 = 0x55;
+/// Prefix of every DHT key: CID version 1, raw codec, blake3 multihash of 32 bytes (each a
+/// one-byte varint).
+const DHT_KEY_PREFIX: [u8; 4] = [0x01, RAW_CODEC, BLAKE3_MULTIHASH_CODE, 32];
+/// Length of a DHT key: the 4-byte CID/multihash prefix and the 32-byte digest.
+pub const DHT_KEY_LEN: usize = DHT_KEY_PREFIX.len() + 32;
+
+/// The Kademlia record key under which `key` is provided and looked up: the binary CIDv1
+/// `0x01 0x55 0x1e 0x20 ‖ key` (raw codec, blake3 multihash). See the module docs for why a CID.
+///
+/// ```
+/// use kindred_routing::keys::{dht_key, semantic_key_of};
+/// let key = [7u8; 32];
+/// let wire = dht_key(&key);
+/// assert_eq!(wire[..4], [0x01, 0x55, 0x1e, 0x20]);
+/// assert_eq!(semantic_key_of(&wire), Some(key));
+/// ```
+pub fn dht_key(key: &SemanticKey) -> [u8; DHT_KEY_LEN] {
+    let mut out = [0u8; DHT_KEY_LEN];
+    let (prefix, digest) = out.split_at_mut(DHT_KEY_PREFIX.len());
+    prefix.copy_from_slice(&DHT_KEY_PREFIX);
+    digest.copy_from_slice(key);
+    out
+}
+
+/// The semantic key inside a DHT key, if `bytes` is exactly one made by [`dht_key`].
+pub fn semantic_key_of(bytes: &[u8]) -> Option<SemanticKey> {
+    let digest = bytes.strip_prefix(DHT_KEY_PREFIX.as_slice())?;
+    digest.try_into().ok()
+}
 
 const BAND_DOMAIN: &[u8] = b"kindred/lsh-band-key/v1\0";
 const SHARD_DOMAIN: &[u8] = b"kindred/lsh-shard/v1\0";
@@ -550,6 +596,34 @@ mod tests {
             *b = (s >> 33) as u8;
         }
         SimHash(out)
+    }
+
+    /// DHT keys are binary CIDv1s whose multihash (blake3, 32 bytes) is the semantic key, as
+    /// libp2p's own multihash parser reads them.
+    #[test]
+    fn dht_keys_are_blake3_multihashes_in_a_cid() {
+        let key = ctx(4).band_key(2, 0xbeef);
+        let wire = dht_key(&key);
+        assert_eq!(wire.len(), 36);
+        // CID version 1, raw codec.
+        assert_eq!(wire[..2], [0x01, 0x55]);
+        let mh = libp2p::multihash::Multihash::<64>::from_bytes(&wire[2..]).unwrap();
+        assert_eq!(mh.code(), 0x1e);
+        assert_eq!(mh.size(), 32);
+        assert_eq!(mh.digest(), key);
+        assert_eq!(mh.to_bytes(), wire[2..]);
+        // Golden bytes: the derivation of the digest is unchanged, only the framing is new.
+        let mut expected = vec![0x01, 0x55, 0x1e, 0x20];
+        expected.extend_from_slice(&key);
+        assert_eq!(wire.to_vec(), expected);
+        // Distinct semantic keys stay distinct; the framing round-trips and rejects anything else.
+        assert_ne!(dht_key(&ctx(4).band_key(2, 0xbeee)), wire);
+        assert_eq!(semantic_key_of(&wire), Some(key));
+        assert_eq!(semantic_key_of(&key), None);
+        assert_eq!(semantic_key_of(&wire[..35]), None);
+        let mut sha = wire;
+        sha[2] = 0x12;
+        assert_eq!(semantic_key_of(&sha), None);
     }
 
     #[test]

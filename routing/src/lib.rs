@@ -3,9 +3,11 @@
 //! libp2p-kad hashes record keys before measuring XOR distance, so similar keys do not land on
 //! nearby nodes. Locality therefore comes from exact-bucket rendezvous: the 256-bit SimHash of an
 //! update's embedding is cut into L bands of b bits, each band becomes one DHT key
-//! (`blake3(network ‖ model ‖ round window ‖ band index ‖ band bits)`), and a node announces itself
-//! as provider of its keys and looks up the same keys plus multi-probe neighbours. Similar updates
-//! share at least one band with high probability, and each probe costs one O(log N) lookup.
+//! (`blake3(network ‖ model ‖ round window ‖ band index ‖ band bits)`, published on the DHT as a
+//! CIDv1 with a blake3 multihash so that every libp2p implementation accepts it:
+//! [`keys::dht_key`]), and a node announces itself as provider of its keys and looks up the same
+//! keys plus multi-probe neighbours. Similar updates share at least one band with high
+//! probability, and each probe costs one O(log N) lookup.
 //!
 //! Fetching is two-phase so that traffic follows the partners a node actually merges with: a
 //! provider is first asked for its small signed *headers*; they are verified, indexed in a local
@@ -18,8 +20,10 @@
 //!   round lookups, verification, replay filtering ([`replay`]), peer scoring and bans
 //!   ([`scoring`]), the local index ([`index`]), model snapshot fetches ([`snapshot`]) and
 //!   counters ([`metrics`]). Takes `now` and inputs, returns [`Output`]s.
-//! - The libp2p layer: [`behaviour`] (kad + identify + ping + request-response + limits + ban
-//!   list), [`codec`] (framing with size limits), [`transport`] (TCP/memory, pnet, Noise, yamux).
+//! - The libp2p layer: [`behaviour`] (identity gate + ban list + limits + kad + identify + ping +
+//!   request-response), [`identity_gate`] (refuses weak or non-canonical identity keys, which
+//!   Noise accepts), [`codec`] (framing with size limits; invalid requests reach the driver to be
+//!   scored), [`transport`] (TCP/memory, pnet, Noise, yamux).
 //! - The tokio driver: [`spawn`] returns a [`RoutingHandle`] (async `announce`,
 //!   `find_partners`, `fetch_snapshot`, `dial`, `bootstrap`, `metrics`) and a bounded [`RoutingEvent`] stream.
 //!   Requests are served from the node's storage through [`store::PacketStore`].
@@ -43,6 +47,7 @@ pub mod core;
 pub mod discovery;
 mod driver;
 mod handle;
+pub mod identity_gate;
 pub mod index;
 pub mod keys;
 pub mod lookup;

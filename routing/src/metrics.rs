@@ -71,7 +71,9 @@ pub struct RoutingMetrics {
     pub peers: HashMap<PeerId, PeerTraffic>,
     /// Traffic of peers past the per-peer bound.
     pub other_peers: PeerTraffic,
-    /// Rejected data or requests, by reason label (`bad_signature`, `rpc_oversize`, ...).
+    /// Rejected data or requests, by reason label (`bad_signature`, `rpc_oversize`, `bad_request`
+    /// for an undecodable inbound request, `bad_identity` for a connection refused for its
+    /// identity key, ...).
     pub rejects: BTreeMap<&'static str, u64>,
     /// Failed outbound requests by cause (`timeout`, `connection_closed`, ...), not the peer's
     /// fault as far as this node can tell, so not scored.

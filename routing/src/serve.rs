@@ -12,7 +12,10 @@
 //!   [`crate::snapshot`]); anyone else is refused.
 //!
 //! Banned peers get [`RpcErrorCode::Refused`]; every request and response is counted per kind
-//! and per peer.
+//! and per peer. A request that does not decode (or claims more than the request limit) reaches
+//! the core too, through `handle_bad_request`: it is answered with nothing and scored as a
+//! major offence (reject label `bad_request`), so garbage-sending peers are banned like those that
+//! send bad responses.
 
 use std::time::Instant;
 
@@ -25,6 +28,9 @@ use libp2p::PeerId;
 use crate::core::RoutingCore;
 use crate::scoring::Severity;
 use crate::store::PacketStore;
+
+/// The reject label of an undecodable or oversize inbound request.
+pub(crate) const BAD_REQUEST: &str = "bad_request";
 
 impl RoutingCore {
     /// Answer an inbound request from `peer` out of `store`.
@@ -113,9 +119,13 @@ impl RoutingCore {
         response
     }
 
-    /// An inbound request from `peer` failed to decode (`reason` is its reject label, e.g.
-    /// `rpc_malformed` or `rpc_oversize`): the peer is penalised.
-    pub fn handle_inbound_failure(&mut self, peer: PeerId, reason: &'static str, now: Instant) {
-        self.reject(&peer, reason, Some(Severity::Major), now);
+    /// `peer` sent a request that is not one: a frame that does not decode, or a length prefix
+    /// over the request limit (`cause` is the codec's label, e.g. `rpc_malformed` or
+    /// `rpc_oversize`, for the log). Counted as a `bad_request` reject and penalised as a major
+    /// offence, like an invalid response, so a peer that keeps sending garbage is banned. Nothing
+    /// is answered.
+    pub fn handle_bad_request(&mut self, peer: PeerId, cause: &'static str, now: Instant) {
+        tracing::debug!(%peer, cause, "undecodable request");
+        self.reject(&peer, BAD_REQUEST, Some(Severity::Major), now);
     }
 }

@@ -2,6 +2,11 @@
 //! with garbage, then an oversize frame, then a header with a forged signature. The victim counts
 //! each reject by reason, bans the peer after the third, disconnects it, keeps working with its
 //! honest partner, and nothing panics.
+//!
+//! A second hostile peer opens the RPC protocol itself and sends requests that are not requests
+//! (garbage, a 4 GiB length prefix): libp2p reports such failed reads to nobody, so the codec
+//! hands them to the driver as invalid requests, and the victim scores and bans the sender the
+//! same way.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
 mod support;
@@ -14,7 +19,7 @@ use futures::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, StreamExt};
 use kindred_proto::rpc::{MAX_HEADERS_RESPONSE_BYTES, RpcRequest, RpcResponse};
 use kindred_routing::behaviour::KAD_PROTOCOL;
 use kindred_routing::codec::RPC_PROTOCOL;
-use kindred_routing::keys::KeyContext;
+use kindred_routing::keys::{KeyContext, dht_key};
 use kindred_routing::transport::build_transport;
 use kindred_routing::{
     MemoryStore, NetworkId, PartnerQuery, RoundWindow, RoutingEvent, TransportKind, spawn,
@@ -27,7 +32,8 @@ use libp2p::{Multiaddr, StreamProtocol, Swarm, identify, kad};
 use support::*;
 use tokio::sync::{mpsc, oneshot};
 
-/// Reads request frames, writes whatever bytes it is given verbatim.
+/// Reads request frames, writes whatever bytes it is given verbatim (as a response or as a
+/// request), and reads any response to the end (bounded).
 #[derive(Clone, Default)]
 struct RawCodec;
 
@@ -51,18 +57,20 @@ impl request_response::Codec for RawCodec {
     async fn read_response<T: AsyncRead + Unpin + Send>(
         &mut self,
         _: &StreamProtocol,
-        _: &mut T,
+        io: &mut T,
     ) -> io::Result<Vec<u8>> {
-        Err(io::ErrorKind::Unsupported.into())
+        let mut buf = Vec::new();
+        io.take(1 << 16).read_to_end(&mut buf).await?;
+        Ok(buf)
     }
 
     async fn write_request<T: AsyncWrite + Unpin + Send>(
         &mut self,
         _: &StreamProtocol,
-        _: &mut T,
-        _: Vec<u8>,
+        io: &mut T,
+        bytes: Vec<u8>,
     ) -> io::Result<()> {
-        Err(io::ErrorKind::Unsupported.into())
+        io.write_all(&bytes).await
     }
 
     async fn write_response<T: AsyncWrite + Unpin + Send>(
@@ -146,7 +154,7 @@ async fn run_evil(
                 SwarmEvent::ConnectionEstablished { peer_id, .. } if peer_id == victim.0 && !started => {
                     started = true;
                     for k in &keys {
-                        swarm.behaviour_mut().kad.start_providing(kad::RecordKey::new(k)).unwrap();
+                        swarm.behaviour_mut().kad.start_providing(kad::RecordKey::new(&dht_key(k))).unwrap();
                     }
                 }
                 SwarmEvent::Behaviour(EvilEvent::Kad(kad::Event::OutboundQueryProgressed {
@@ -310,4 +318,133 @@ async fn a_peer_sending_invalid_data_is_banned() {
     assert_eq!(served, 3, "the banned attacker is asked nothing more");
     victim.shutdown().await;
     honest.shutdown().await;
+}
+
+/// A client of `/kindred/rpc/1.0.0` that writes arbitrary bytes as its requests.
+#[derive(NetworkBehaviour)]
+struct Spammer {
+    rpc: request_response::Behaviour<RawCodec>,
+}
+
+/// A peer that sends undecodable and oversize requests is scored for each (`bad_request`),
+/// banned after the third, disconnected, and refused when it comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_sending_garbage_requests_is_banned() {
+    let (victim, mut events) = spawn(
+        Keypair::from(identity(920)),
+        node_config(TransportKind::Memory),
+        Arc::new(MemoryStore::default()),
+    )
+    .await
+    .unwrap();
+    let victim_peer = victim.peer_id();
+    let victim_addr = victim.listen_addrs()[0].clone();
+
+    let key = Keypair::from(identity(667));
+    let attacker = key.public().to_peer_id();
+    let transport =
+        build_transport(&key, TransportKind::Memory, None, Duration::from_secs(5)).unwrap();
+    let rpc = request_response::Behaviour::with_codec(
+        RawCodec,
+        [(RPC_PROTOCOL, ProtocolSupport::Outbound)],
+        request_response::Config::default().with_request_timeout(Duration::from_secs(5)),
+    );
+    let mut swarm = Swarm::new(
+        transport,
+        Spammer { rpc },
+        attacker,
+        libp2p::swarm::Config::with_tokio_executor()
+            .with_idle_connection_timeout(Duration::from_secs(60)),
+    );
+
+    // Not postcard; a 4 GiB length prefix (the victim must not read or allocate past it); text.
+    let mut oversize = u32::MAX.to_be_bytes().to_vec();
+    oversize.extend_from_slice(&[0xab; 16]);
+    let mut garbage = vec![
+        framed(&[0xff; 40]),
+        oversize,
+        framed(b"GET / HTTP/1.1\r\n\r\n"),
+    ]
+    .into_iter();
+
+    // One request at a time: the next goes out once the previous one has been dealt with (the
+    // victim closes the stream without an answer). Done when the victim has banned the attacker
+    // and the attacker has seen its connection closed.
+    swarm.dial(victim_addr.clone()).unwrap();
+    let mut outcomes = 0;
+    let mut disconnected = false;
+    let mut tick = tokio::time::interval(Duration::from_millis(50));
+    let attack = async {
+        for _ in 0..2000 {
+            tokio::select! {
+                event = swarm.select_next_some() => match event {
+                    SwarmEvent::ConnectionEstablished { peer_id, .. } if peer_id == victim_peer => {
+                        if let Some(bytes) = garbage.next() {
+                            swarm.behaviour_mut().rpc.send_request(&victim_peer, bytes);
+                        }
+                    }
+                    SwarmEvent::Behaviour(SpammerEvent::Rpc(
+                        request_response::Event::Message { .. }
+                        | request_response::Event::OutboundFailure { .. },
+                    )) => {
+                        outcomes += 1;
+                        if let Some(bytes) = garbage.next() {
+                            swarm.behaviour_mut().rpc.send_request(&victim_peer, bytes);
+                        }
+                    }
+                    SwarmEvent::ConnectionClosed { peer_id, num_established: 0, .. }
+                        if peer_id == victim_peer => disconnected = true,
+                    _ => {}
+                },
+                _ = tick.tick() => {
+                    if disconnected && victim.info().await.unwrap().banned.contains(&attacker) {
+                        return;
+                    }
+                }
+            }
+        }
+        panic!("the attack never ended");
+    };
+    tokio::time::timeout(Duration::from_secs(20), attack)
+        .await
+        .expect("the victim bans and disconnects the attacker");
+    assert!(
+        outcomes >= 2,
+        "the attacker's first requests were dealt with"
+    );
+
+    let metrics = victim.metrics().await.unwrap();
+    println!("rejects: {:?}, bans: {}", metrics.rejects, metrics.bans);
+    assert_eq!(metrics.rejects.get("bad_request"), Some(&3));
+    assert_eq!(metrics.bans, 1);
+    let info = victim.info().await.unwrap();
+    assert_eq!(info.banned, vec![attacker]);
+    assert!(!info.connected.contains(&attacker));
+    let mut banned_event = false;
+    while let Ok(event) = events.try_recv() {
+        if let RoutingEvent::PeerBanned { peer, reason, .. } = event {
+            assert_eq!((peer, reason), (attacker, "bad_request"));
+            banned_event = true;
+        }
+    }
+    assert!(banned_event);
+
+    // Coming back does not help: the connection is refused (or closed as soon as the victim
+    // sees who it is), well before any idle timeout.
+    swarm.dial(victim_addr).unwrap();
+    let refused = async {
+        for _ in 0..1000 {
+            match swarm.select_next_some().await {
+                SwarmEvent::OutgoingConnectionError { .. } => return,
+                SwarmEvent::ConnectionClosed { peer_id, .. } if peer_id == victim_peer => return,
+                _ => {}
+            }
+        }
+        panic!("no answer to the dial");
+    };
+    tokio::time::timeout(Duration::from_secs(10), refused)
+        .await
+        .expect("the banned attacker cannot reconnect");
+    assert!(!victim.info().await.unwrap().connected.contains(&attacker));
+    victim.shutdown().await;
 }
