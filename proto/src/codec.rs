@@ -28,7 +28,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{DecodeError, Part, SealError};
 use crate::header::{Embedding, PacketHeader, PacketId, SimHash, VerifiedHeader};
-use crate::identity::{IdentityError, PUBLIC_KEY_LEN, SIGNATURE_LEN, strict_key, verify_strict};
+use crate::identity::{
+    IdentityError, PUBLIC_KEY_LEN, SIGNATURE_LEN, peer_id_bytes, strict_key, verify_strict,
+};
 use crate::limits::{
     FORMAT_VERSION, MAX_ABS_LOSS, MAX_BODY_BYTES, MAX_HEADER_BYTES, MAX_LAYER_ELEMS, MAX_LAYERS,
     MAX_PEER_ID_BYTES, MAX_SAMPLES, MAX_SKETCH_LEN,
@@ -56,7 +58,6 @@ impl Domain {
         }
     }
 }
-
 
 #[derive(Serialize, Deserialize)]
 struct WireHeader<'a> {
@@ -397,15 +398,13 @@ fn decode_header_in(domain: Domain, bytes: &[u8]) -> Result<VerifiedHeader, Deco
         },
         _ => DecodeError::InvalidPublicKey,
     })?;
-    let signer = PublicKey::from(
-        ed25519::PublicKey::try_from_bytes(key.as_bytes())
-            .map_err(|_| DecodeError::InvalidPublicKey)?,
-    )
-    .to_peer_id();
-    if signer != header.sender {
+    let signer = peer_id_bytes(key.as_bytes());
+    if wire.sender != signer {
         return Err(DecodeError::SenderMismatch {
             claimed: Box::new(header.sender),
-            actual: Box::new(signer),
+            actual: Box::new(
+                PeerId::from_bytes(&signer).map_err(|_| DecodeError::InvalidPublicKey)?,
+            ),
         });
     }
     if !verify_strict(&key, &signing_message(domain, signed), seal.signature) {
@@ -452,7 +451,10 @@ fn header_from_wire(w: &WireHeader<'_>) -> Result<PacketHeader, DecodeError> {
     }
     let sender = PeerId::from_bytes(w.sender).map_err(|_| invalid("sender", "not a PeerId"))?;
     if !(w.loss.is_finite() && w.loss.abs() <= MAX_ABS_LOSS) {
-        return Err(invalid("loss", "not finite, or its magnitude is over MAX_ABS_LOSS"));
+        return Err(invalid(
+            "loss",
+            "not finite, or its magnitude is over MAX_ABS_LOSS",
+        ));
     }
     if w.samples > MAX_SAMPLES {
         return Err(invalid("samples", "over MAX_SAMPLES"));
@@ -678,16 +680,16 @@ pub fn decode_body(
     for (i, layer_spec) in spec.layers().iter().enumerate() {
         let (wire, tail) = postcard::take_from_bytes::<WireLayer<'_>>(rest)
             .map_err(|e| postcard_error(e, Part::Layer(i)))?;
-        let layer = layer_from_wire(i, layer_spec, wire)?;
         // Every field is either fixed-size or a varint, and an overlong varint is longer than the
-        // shortest: a layer is canonical exactly when it takes the bytes its re-encoding would.
-        if rest.len() - tail.len() != encoded_layer_len(&layer) {
+        // shortest: a layer is canonical exactly when it takes the bytes its fields need. (The
+        // top-k index deltas inside their byte string are checked one by one as they decode.)
+        if rest.len() - tail.len() != canonical_wire_len(&wire) {
             return Err(DecodeError::NonCanonical {
                 part: Part::Layer(i),
                 detail: "overlong varint or length prefix",
             });
         }
-        layers.push(layer);
+        layers.push(layer_from_wire(i, layer_spec, wire)?);
         rest = tail;
     }
     if !rest.is_empty() {
@@ -701,6 +703,30 @@ pub fn decode_body(
         return Err(DecodeError::SummaryMismatch);
     }
     Ok(body)
+}
+
+/// Bytes postcard's shortest encoding of `wire` takes: O(1), from the fields' values.
+fn canonical_wire_len(wire: &WireLayer<'_>) -> usize {
+    let bytes = |b: &[u8]| varint::len_u32(b.len() as u32) + b.len();
+    // Variant tags and the dtype tag are single bytes (all below 128).
+    1 + match wire {
+        WireLayer::Dense { bytes: b, .. } => 1 + bytes(b),
+        WireLayer::TopK {
+            len,
+            count,
+            index_deltas,
+            values,
+            ..
+        } => {
+            varint::len_u32(*len)
+                + varint::len_u32(*count)
+                + bytes(index_deltas)
+                + bytes(values)
+                + 4
+        }
+        WireLayer::Sign { len, words, .. } => varint::len_u32(*len) + bytes(words) + 4,
+        WireLayer::DenseInt8 { values, .. } => bytes(values) + 4,
+    }
 }
 
 fn layer_from_wire(

@@ -12,7 +12,7 @@
 //! Noise handshake verifies the peer's identity with the permissive check, so the routing
 //! behaviour refuses such peers itself.
 
-use ed25519_dalek::{Signature, VerifyingKey};
+use ed25519_dalek::{Signature, Verifier, VerifyingKey};
 use libp2p_identity::{PeerId, PublicKey};
 
 /// Length of an encoded ed25519 public key.
@@ -38,22 +38,89 @@ pub enum IdentityError {
     NotEd25519,
 }
 
+/// The canonical encodings of the eight points of small order (the torsion subgroup): the
+/// identity, the point of order 2, two of order 4 and four of order 8. A unit test checks them
+/// against curve25519-dalek's `EIGHT_TORSION`.
+const SMALL_ORDER_ENCODINGS: [[u8; 32]; 8] = [
+    hex32("0100000000000000000000000000000000000000000000000000000000000000"),
+    hex32("c7176a703d4dd84fba3c0b760d10670f2a2053fa2c39ccc64ec7fd7792ac037a"),
+    hex32("0000000000000000000000000000000000000000000000000000000000000080"),
+    hex32("26e8958fc2b227b045c3f489f2ef98f0d5dfac05d3c63339b13802886d53fc05"),
+    hex32("ecffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff7f"),
+    hex32("26e8958fc2b227b045c3f489f2ef98f0d5dfac05d3c63339b13802886d53fc85"),
+    hex32("0000000000000000000000000000000000000000000000000000000000000000"),
+    hex32("c7176a703d4dd84fba3c0b760d10670f2a2053fa2c39ccc64ec7fd7792ac03fa"),
+];
+
+// Evaluated at compile time on the literals above: an index out of range is a build error.
+#[allow(clippy::indexing_slicing)]
+const fn hex32(s: &str) -> [u8; 32] {
+    const fn nibble(c: u8) -> u8 {
+        match c {
+            b'0'..=b'9' => c - b'0',
+            b'a'..=b'f' => c - b'a' + 10,
+            _ => panic!("not lowercase hex"),
+        }
+    }
+    let s = s.as_bytes();
+    assert!(s.len() == 64, "32 bytes of hex");
+    let mut out = [0u8; 32];
+    let mut i = 0;
+    while i < 32 {
+        out[i] = nibble(s[2 * i]) << 4 | nibble(s[2 * i + 1]);
+        i += 1;
+    }
+    out
+}
+
+/// Whether the 255-bit y coordinate of an encoded point is at or above the field prime
+/// 2^255 - 19 (so that it is a second encoding of y - p): checked on the bytes, without the field
+/// inversion a re-compression would cost on every header.
+fn y_not_reduced(bytes: &[u8; 32]) -> bool {
+    let [low, middle @ .., high] = bytes;
+    high & 0x7f == 0x7f && middle.iter().all(|&b| b == 0xff) && *low >= 0xed
+}
+
 /// Parse a public key under the strict rule: 32 bytes, a canonical encoding, not of small order.
 pub(crate) fn strict_key(bytes: &[u8]) -> Result<VerifyingKey, IdentityError> {
     let array: &[u8; PUBLIC_KEY_LEN] = bytes.try_into().map_err(|_| IdentityError::NotAKey)?;
-    let key = VerifyingKey::from_bytes(array).map_err(|_| IdentityError::NotAKey)?;
-    if key.to_edwards().compress().as_bytes() != array {
+    if y_not_reduced(array) {
         return Err(IdentityError::NonCanonical);
     }
+    let key = VerifyingKey::from_bytes(array).map_err(|_| IdentityError::NotAKey)?;
+    // With y reduced, the only other non-canonical form is x = 0 with the sign bit set, and
+    // x = 0 means y = ±1: two small-order points, refused here as weak.
     if key.is_weak() {
         return Err(IdentityError::Weak);
     }
     Ok(key)
 }
 
-/// Verify `signature` over `message` under the strict rule (see the module docs).
+/// Verify `signature` over `message` under the strict rule (see the module docs), for a key from
+/// [`strict_key`].
+///
+/// The same checks as ed25519-dalek's `verify_strict`, at the cost of a plain `verify`: dalek's
+/// `verify` compares the canonical compression of the recomputed R with the signature's R bytes
+/// (so a non-canonical R never verifies) and parses S only if canonical; the key is already known
+/// to be canonical and of large order; what remains is that R is not of small order, which for a
+/// canonical R is one of eight fixed encodings. (`verify_strict` decompresses R for that, a field
+/// square root per header.)
 pub(crate) fn verify_strict(key: &VerifyingKey, message: &[u8], signature: &[u8]) -> bool {
-    Signature::from_slice(signature).is_ok_and(|s| key.verify_strict(message, &s).is_ok())
+    let Ok(signature) = Signature::from_slice(signature) else {
+        return false;
+    };
+    !SMALL_ORDER_ENCODINGS.contains(signature.r_bytes()) && key.verify(message, &signature).is_ok()
+}
+
+/// The `PeerId` bytes of an ed25519 key: the identity multihash (code 0, length 36) of the key's
+/// protobuf encoding (field 1: key type 1 = Ed25519; field 2: the 32 key bytes). Built without
+/// decompressing the key again.
+pub(crate) fn peer_id_bytes(key: &[u8; PUBLIC_KEY_LEN]) -> [u8; 38] {
+    let mut out = [0u8; 38];
+    let (prefix, rest) = out.split_at_mut(6);
+    prefix.copy_from_slice(&[0x00, 0x24, 0x08, 0x01, 0x12, 0x20]);
+    rest.copy_from_slice(key);
+    out
 }
 
 /// Check a libp2p public key under the strict rule.
@@ -113,8 +180,62 @@ mod tests {
     fn every_small_order_point_is_weak() {
         for point in EIGHT_TORSION {
             let bytes = point.compress().to_bytes();
-            assert_eq!(strict_key(&bytes).err(), Some(IdentityError::Weak), "{bytes:?}");
+            assert_eq!(
+                strict_key(&bytes).err(),
+                Some(IdentityError::Weak),
+                "{bytes:?}"
+            );
         }
+    }
+
+    #[test]
+    fn the_small_order_table_is_the_torsion_subgroup() {
+        let mut table = SMALL_ORDER_ENCODINGS;
+        let mut torsion = EIGHT_TORSION.map(|p| p.compress().to_bytes());
+        table.sort_unstable();
+        torsion.sort_unstable();
+        assert_eq!(table, torsion);
+    }
+
+    #[test]
+    fn peer_id_bytes_match_libp2p() {
+        let key = libp2p_identity::ed25519::Keypair::from(
+            libp2p_identity::ed25519::SecretKey::try_from_bytes([9u8; 32]).unwrap(),
+        );
+        let peer = PublicKey::from(key.public()).to_peer_id();
+        assert_eq!(peer.to_bytes(), peer_id_bytes(&key.public().to_bytes()));
+    }
+
+    #[test]
+    fn strict_verification_refuses_a_small_order_r() {
+        let key = libp2p_identity::ed25519::Keypair::from(
+            libp2p_identity::ed25519::SecretKey::try_from_bytes([9u8; 32]).unwrap(),
+        );
+        let strict = strict_key(&key.public().to_bytes()).unwrap();
+        let good = key.sign(b"m");
+        assert!(verify_strict(&strict, b"m", &good));
+        assert!(!verify_strict(&strict, b"n", &good));
+        for r in SMALL_ORDER_ENCODINGS {
+            let forged = [r, [0u8; 32]].concat();
+            assert!(!verify_strict(&strict, b"m", &forged));
+        }
+    }
+
+    #[test]
+    fn every_non_reduced_y_is_refused() {
+        for low in 0xedu8..=0xff {
+            for sign in [0u8, 0x80] {
+                let mut bytes = [0xffu8; 32];
+                bytes[0] = low;
+                bytes[31] = 0x7f | sign;
+                assert_eq!(strict_key(&bytes).err(), Some(IdentityError::NonCanonical));
+            }
+        }
+        // p - 1 (y = -1, the point of order 2) is reduced: refused as weak, not as non-canonical.
+        let mut bytes = [0xffu8; 32];
+        bytes[0] = 0xec;
+        bytes[31] = 0x7f;
+        assert_eq!(strict_key(&bytes).err(), Some(IdentityError::Weak));
     }
 
     #[test]

@@ -60,8 +60,8 @@ pub use codec::{
     encode_header, encoded_layer_len, seal, seal_snapshot,
 };
 pub use error::{DecodeError, Part, SealError, SpecError};
-pub use identity::{IdentityError, check_peer, check_public_key};
 pub use header::{BodyHash, Embedding, PacketHeader, PacketId, SimHash, VerifiedHeader};
+pub use identity::{IdentityError, check_peer, check_public_key};
 pub use limits::*;
 pub use payload::{
     CompressionSummary, DenseValues, LayerPayload, PacketBody, PayloadKind, SignBits, TopK,

@@ -134,7 +134,10 @@ mod tests {
         assert_eq!(decode_u16(&[0x80, 0x80, 0x04]), Err(VarintError::Overflow));
         // Overlong forms of 0 and 1.
         assert_eq!(decode_u32(&[0x80, 0x00]), Err(VarintError::NonCanonical));
-        assert_eq!(decode_u32(&[0x81, 0x80, 0x00]), Err(VarintError::NonCanonical));
+        assert_eq!(
+            decode_u32(&[0x81, 0x80, 0x00]),
+            Err(VarintError::NonCanonical)
+        );
     }
 
     proptest! {

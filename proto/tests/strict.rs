@@ -125,7 +125,9 @@ fn honestly_signed(raw: &RawHeader, pad: u32, pad_key: bool, pad_sig: bool) -> V
 fn forged_by_small_order_key(point: [u8; 32], samples: u64) -> Vec<u8> {
     let weak = libp2p_identity::ed25519::PublicKey::try_from_bytes(&point).unwrap();
     let mut raw = RawHeader::of(sealed().header.header());
-    raw.sender = libp2p_identity::PublicKey::from(weak).to_peer_id().to_bytes();
+    raw.sender = libp2p_identity::PublicKey::from(weak)
+        .to_peer_id()
+        .to_bytes();
     raw.samples = samples;
     let mut identity = [0u8; 32];
     identity[0] = 1;
