@@ -46,6 +46,7 @@ pub mod config;
 pub mod core;
 pub mod discovery;
 mod driver;
+pub mod exchange;
 mod handle;
 pub mod identity_gate;
 pub mod index;

@@ -16,7 +16,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MessageSizes {
     /// `FIND_NODE` or `GET_PROVIDERS` request: the dialer's stream negotiation (40 B), a length
-    /// prefix, the message type and the 32-byte key (37 B).
+    /// prefix, the message type and the 36-byte key (a semantic key published as a CIDv1,
+    /// `kindred_routing::keys::dht_key`; 41 B).
     pub request: u32,
     /// Fixed part of a response: the listener's negotiation echo (40 B), a length prefix and the
     /// message type.
@@ -32,10 +33,10 @@ pub struct MessageSizes {
 impl Default for MessageSizes {
     fn default() -> Self {
         Self {
-            request: 77,
+            request: 81,
             response_base: 44,
             peer_entry: 95,
-            add_provider: 213,
+            add_provider: 217,
         }
     }
 }

@@ -1,0 +1,91 @@
+//! Parameters of an [`Exchange`](super::Exchange).
+
+use crate::CosineGate;
+
+/// When, inside a round, the exchange's phases end, as thousandths of the round (from its
+/// start to its deadline), and how long a push may wait for its answer.
+///
+/// A round's phases: the node's own packet, a search (if scheduled), a member's join (fetch
+/// and check its hub's model) and push, the hub's admission, the merge, the members' checks.
+/// Only the search and the admission have a share of their own: the rest end at the deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timing {
+    /// A search not reported by this share of the round goes on with the peers already known.
+    /// Default 250.
+    pub search_permille: u16,
+    /// A hub closes its admission at this share of the round and asks for its merge; a member
+    /// not joined by then gives up the round. Default 600.
+    pub collect_permille: u16,
+    /// Milliseconds a push waits for its first answer ([`super::Answer::Accepted`] or another)
+    /// before the hub counts as gone for the round. Default 5,000.
+    pub answer_ms: u64,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Self {
+            search_permille: 250,
+            collect_permille: 600,
+            answer_ms: 5_000,
+        }
+    }
+}
+
+/// Parameters of the exchange (the simulator's `HubConfig` names the same ones).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExchangeConfig {
+    /// Rounds a node trains alone before it takes part (its embedding must describe its data).
+    /// Default 2.
+    pub local_rounds: u64,
+    /// Exchange rounds, from the first, in which every node that is its own hub searches.
+    /// Default 3: the first rounds' cohorts are fragments, and a fragment's hub meets the
+    /// others' members (whose headers name their hub) by searching again.
+    pub warmup_searches: u64,
+    /// After those, a node that is its own hub searches every this many rounds. Default 10.
+    pub search_every: u64,
+    /// One node in this many, the lowest ranks, is a hub candidate
+    /// ([`crate::is_hub_candidate`]). Default 4.
+    pub candidates: u64,
+    /// Exchange rounds, from the first, in which only hub candidates announce (the others look
+    /// up only). Default 2.
+    pub candidate_rounds: u64,
+    /// Most peers the cohort view holds. Default 1,024.
+    pub max_members: usize,
+    /// Most providers of a search the node considers, the nearest first. Default 768
+    /// ([`crate::LookupConfig::max_providers`]).
+    pub max_providers: usize,
+    /// Most pushes a hub takes in a round; further pushers are answered busy. Default 256.
+    pub max_pushers: usize,
+    /// Misses in a row (no answer, busy, no merge by the deadline) after which a member
+    /// forgets its hub and moves to the next rank. Default 2.
+    pub max_misses: u32,
+    /// Exchange round from which merges are checked on the node's data too (a member's first
+    /// merge from a hub is not: its data checked the hub's model before it pushed). Default 1.
+    pub data_checks_from: u64,
+    /// Redirects ([`super::Answer::NotHub`]) a member follows within one round. Default 2.
+    pub max_redirects: u32,
+    /// The gate of search results and of a hub's admission.
+    pub gate: CosineGate,
+    /// Deadlines inside a round.
+    pub timing: Timing,
+}
+
+impl Default for ExchangeConfig {
+    fn default() -> Self {
+        Self {
+            local_rounds: 2,
+            warmup_searches: 3,
+            search_every: 10,
+            candidates: 4,
+            candidate_rounds: 2,
+            max_members: 1024,
+            max_providers: 768,
+            max_pushers: 256,
+            max_misses: 2,
+            data_checks_from: 1,
+            max_redirects: 2,
+            gate: CosineGate::default(),
+            timing: Timing::default(),
+        }
+    }
+}

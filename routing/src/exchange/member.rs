@@ -1,0 +1,344 @@
+//! A node's own round: its packet, its search, and, as a member, joining and pushing to its
+//! hub, its hub's answers and merges, and its checks of them.
+
+use super::Exchange;
+use super::io::{
+    Answer, Apply, MergeVerdict, Millis, ModelVerdict, Output, Role, SeenHeader, Ticket,
+};
+use super::round::{Joining, Step, current};
+use crate::is_hub_candidate;
+
+impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
+    pub(super) fn packet_ready(&mut self, now: Millis, round: u64, packet: M) {
+        let exchange_round = self.exchange_round(round);
+        let alone = self.view.hub() == *self.view.own();
+        let cfg = &self.config;
+        let Some(r) = current(&mut self.round, round) else {
+            return;
+        };
+        if !matches!(r.step, Step::Packet) || r.packet.is_some() {
+            return;
+        }
+        r.packet = Some(packet);
+        let Some(x) = exchange_round else {
+            // A local round: the node trains alone.
+            self.finish(Apply::Nothing, false);
+            return;
+        };
+        // Nodes that are their own hub search (those that know nobody among them): two
+        // cohorts of one task that found no peer of each other merge when one's hub meets the
+        // other's. While cohorts form, only hub candidates announce.
+        let scheduled = x < cfg.warmup_searches || x.is_multiple_of(cfg.search_every.max(1));
+        if alone && scheduled {
+            let announce =
+                x >= cfg.candidate_rounds || is_hub_candidate(self.view.own_rank(), cfg.candidates);
+            r.step = Step::Search {
+                until: r.at(cfg.timing.search_permille),
+            };
+            self.out.push_back(Output::Search { round, announce });
+        } else {
+            self.choose(now);
+        }
+    }
+
+    pub(super) fn search_done(&mut self, now: Millis, round: u64, headers: Vec<SeenHeader<P>>) {
+        let Some(r) = current(&mut self.round, round) else {
+            return;
+        };
+        let waiting = matches!(r.step, Step::Search { .. });
+        let mut ranked: Vec<SeenHeader<P>> = headers
+            .into_iter()
+            .filter(|h| !self.view.is_own(&h.peer))
+            .collect();
+        ranked.sort_by(|a, b| b.cosine.total_cmp(&a.cosine).then(a.peer.cmp(&b.peer)));
+        ranked.truncate(self.config.max_providers);
+        self.config.gate.retain_admitted(&mut ranked, |h| h.cosine);
+        // A header names its sender's hub: the node learns the peer and its hub.
+        let learned = self.view.learn(
+            ranked
+                .into_iter()
+                .flat_map(|h| [(h.peer, h.rank), (h.hub, h.hub_rank)]),
+        );
+        tracing::debug!(round, learned, "exchange: search done");
+        if waiting {
+            self.set_step(Step::Packet);
+            self.choose(now);
+        }
+    }
+
+    /// The node's packet is ready and its search over: be the hub, or join and push to it.
+    pub(super) fn choose(&mut self, now: Millis) {
+        let hub = self.view.hub();
+        let is_own = self.view.is_own(&hub);
+        let rank = self.rank_of(&hub);
+        let joined = self.joined.as_ref() == Some(&hub);
+        let collect = self.config.timing.collect_permille;
+        let answer_ms = self.config.timing.answer_ms;
+        let Some(r) = self.round.as_mut().filter(|r| !r.is_done()) else {
+            return;
+        };
+        if r.packet.is_none() {
+            return;
+        }
+        let (until, deadline) = (r.at(collect), r.deadline);
+        if is_own {
+            r.role = Role::Hub;
+            r.hub = None;
+            r.step = Step::Collect { until };
+            if now >= until {
+                self.close_admission();
+            }
+            return;
+        }
+        r.role = Role::Member;
+        r.hub = Some(hub.clone());
+        // Pushes it held as a would-be hub go to its hub.
+        let round = r.number;
+        for p in std::mem::take(&mut r.pushes) {
+            self.out.push_back(Output::Answer {
+                to: p.from,
+                round,
+                answer: Answer::NotHub {
+                    hub: hub.clone(),
+                    rank,
+                },
+            });
+        }
+        if joined {
+            self.push(now, Joining::Member);
+        } else {
+            // Joining: fetch the hub's model and check it on the node's own data first.
+            // A join started late in the round (after a redirect) still gets `answer_ms`.
+            let until = until.max(now.saturating_add(answer_ms)).min(deadline);
+            let ticket = self.ticket();
+            self.set_step(Step::Fetch { ticket, until });
+            self.out.push_back(Output::FetchModel { ticket, hub });
+        }
+    }
+
+    fn push(&mut self, now: Millis, joining: Joining<M>) {
+        let known = self.view.ranked();
+        let answer_ms = self.config.timing.answer_ms;
+        let Some(r) = self.round.as_mut() else { return };
+        let (Some(packet), Some(hub)) = (r.packet.clone(), r.hub.clone()) else {
+            return;
+        };
+        r.step = Step::Pushed {
+            joining,
+            accepted: false,
+            answer_by: now.saturating_add(answer_ms).min(r.deadline),
+        };
+        self.out.push_back(Output::Push {
+            to: hub,
+            round: r.number,
+            packet,
+            known,
+        });
+    }
+
+    pub(super) fn model_received(&mut self, ticket: Ticket, model: Option<M>) {
+        let Some(r) = self.round.as_ref() else { return };
+        let (Step::Fetch { ticket: t, until }, Some(hub)) = (&r.step, r.hub.clone()) else {
+            return;
+        };
+        if *t != ticket {
+            return;
+        }
+        let until = *until;
+        match model {
+            Some(model) => {
+                let ticket = self.ticket();
+                self.set_step(Step::CheckModel {
+                    ticket,
+                    model: model.clone(),
+                    until,
+                });
+                self.out
+                    .push_back(Output::CheckModel { ticket, hub, model });
+            }
+            None => {
+                self.miss(&hub);
+                self.finish(Apply::Nothing, true);
+            }
+        }
+    }
+
+    pub(super) fn model_checked(&mut self, now: Millis, ticket: Ticket, verdict: ModelVerdict) {
+        let Some(r) = self.round.as_ref() else { return };
+        let (
+            Step::CheckModel {
+                ticket: t, model, ..
+            },
+            Some(hub),
+        ) = (&r.step, r.hub.clone())
+        else {
+            return;
+        };
+        if *t != ticket {
+            return;
+        }
+        let model = model.clone();
+        match verdict {
+            ModelVerdict::Adopt => self.push(now, Joining::Adopt(model)),
+            ModelVerdict::Keep => self.push(now, Joining::Keep),
+            ModelVerdict::Refuse => {
+                // Its update never enters another task's merge.
+                tracing::debug!(?hub, "exchange: its data refuses the hub's model");
+                self.refuse(&hub);
+                self.finish(Apply::Nothing, false);
+            }
+        }
+    }
+
+    pub(super) fn answer_received(&mut self, now: Millis, from: P, round: u64, answer: Answer<P>) {
+        let max_redirects = self.config.max_redirects;
+        let Some(r) = current(&mut self.round, round) else {
+            return;
+        };
+        let Step::Pushed {
+            joining, accepted, ..
+        } = &mut r.step
+        else {
+            return;
+        };
+        let Some(hub) = r.hub.clone().filter(|h| *h == from) else {
+            return;
+        };
+        match answer {
+            Answer::Accepted => *accepted = true,
+            Answer::Late => self.finish(Apply::Nothing, false),
+            Answer::Busy => {
+                self.miss(&hub);
+                self.finish(Apply::Nothing, true);
+            }
+            Answer::NotHub { hub: hint, rank } => {
+                r.redirects += 1;
+                let redirects = r.redirects;
+                self.view.learn([(hint, rank)]);
+                if self.view.hub() == hub {
+                    // It pushes to a hub this node will not take (banned, or itself): this
+                    // cohort is not the node's.
+                    self.view.forget(&hub);
+                    self.finish(Apply::Nothing, false);
+                } else if redirects > max_redirects {
+                    self.finish(Apply::Nothing, false);
+                } else {
+                    self.set_step(Step::Packet);
+                    self.choose(now);
+                }
+            }
+            Answer::Refused { foreign: true } => {
+                // The hub's data refused its cohort's merge: it is another task's node.
+                self.refuse(&hub);
+                self.finish(Apply::Nothing, false);
+            }
+            Answer::Refused { foreign: false } => {
+                // Refused by a hub it has not joined: its model may have drifted from the
+                // cohort's. It takes the hub's model its data accepted, and its next push is
+                // admitted. A member of the hub, or one that keeps its model, forgets the hub.
+                if let Joining::Adopt(model) = joining {
+                    let model = model.clone();
+                    self.joined = Some(hub);
+                    self.finish(Apply::Adopt(model), false);
+                } else {
+                    self.view.forget(&hub);
+                    self.finish(Apply::Nothing, false);
+                }
+            }
+        }
+    }
+
+    pub(super) fn merge_received(
+        &mut self,
+        from: P,
+        round: u64,
+        merge: M,
+        cosine: f32,
+        listed: Vec<(P, u64)>,
+    ) {
+        let by_data_from = self.config.data_checks_from;
+        let exchange_round = self.exchange_round(round);
+        let Some(r) = current(&mut self.round, round) else {
+            return;
+        };
+        let (Step::Pushed { joining, .. }, Some(own)) = (&r.step, r.packet.clone()) else {
+            return;
+        };
+        let Some(hub) = r.hub.clone().filter(|h| *h == from) else {
+            return;
+        };
+        let joining = joining.clone();
+        // The first merge of a hub it joins is not checked on its data: its data checked the
+        // hub's model before it pushed.
+        let by_data =
+            matches!(joining, Joining::Member) && exchange_round.is_some_and(|x| x >= by_data_from);
+        if self.misses.as_ref().is_some_and(|(p, _)| *p == hub) {
+            self.misses = None;
+        }
+        let ticket = self.ticket();
+        self.set_step(Step::CheckMerge {
+            joining,
+            ticket,
+            merge: merge.clone(),
+            cosine,
+            listed,
+        });
+        self.out.push_back(Output::CheckMerge {
+            ticket,
+            hub,
+            merge,
+            own,
+            by_data,
+        });
+    }
+
+    pub(super) fn member_verdict(
+        &mut self,
+        joining: Joining<M>,
+        merge: M,
+        cosine: f32,
+        listed: Vec<(P, u64)>,
+        verdict: MergeVerdict,
+    ) {
+        let Some(hub) = self.member_hub() else { return };
+        match verdict {
+            MergeVerdict::Pass => {
+                self.view.passed(&hub);
+                let adopt = match joining {
+                    Joining::Adopt(model) => Some(model),
+                    Joining::Member | Joining::Keep => None,
+                };
+                self.joined = Some(hub);
+                self.view.merged(cosine);
+                // The hub's view, itself included, less the lower ranks it has not joined.
+                self.view.learn(listed);
+                self.finish(Apply::Merge { merge, adopt }, false);
+            }
+            MergeVerdict::Aggregate => {
+                tracing::debug!(?hub, "exchange: merge fails its check");
+                if self.view.failed(&hub) {
+                    self.out.push_back(Output::Ban { peer: hub });
+                }
+                self.finish(Apply::Nothing, false);
+            }
+            MergeVerdict::Data => {
+                tracing::debug!(?hub, "exchange: its data refuses the merge");
+                self.refuse(&hub);
+                self.finish(Apply::Nothing, false);
+            }
+        }
+    }
+
+    /// `p`'s rank as the view holds it (its own for the node).
+    pub(super) fn rank_of(&self, p: &P) -> u64 {
+        if self.view.is_own(p) {
+            return self.view.own_rank();
+        }
+        self.view
+            .cohort()
+            .ranked()
+            .iter()
+            .find(|(_, q)| q == p)
+            .map_or(u64::MAX, |(r, _)| *r)
+    }
+}

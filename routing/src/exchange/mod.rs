@@ -1,0 +1,524 @@
+//! The hub exchange as a sans-IO state machine: one core, two drivers (DESIGN.md §6a).
+//!
+//! # Why one core
+//! Kindred's results come from the hub exchange: a cohort's members push their packets to one
+//! hub, which merges them robustly and answers with one distilled merge, so each member moves
+//! two compressed updates a round whatever the cohort's size. The node runs it over libp2p and
+//! the simulator runs thousands of virtual nodes in virtual time; if each wrote its own rules,
+//! the simulator's figures would describe code that users never run. So the rules live here,
+//! in a state machine per node that takes inputs with a time and returns outputs, in the style
+//! of quinn-proto: no sockets, no clock, no tasks, no reads of another node's state. The
+//! drivers carry messages and do the heavy compute (the robust merge, distilling it, the checks
+//! by direction, norm and data) when the core asks, and report back. Payloads are the driver's
+//! handles (`M`: an id, an `Arc`, an index), so a core costs a few hundred bytes and 10^6 of
+//! them fit a simulator.
+//!
+//! # Roles
+//! A node trains alone for [`ExchangeConfig::local_rounds`] rounds (its embedding must describe
+//! its data). Then, each round:
+//! 1. **Search.** A node that is its own hub searches its band keys in exchange rounds
+//!    `0..warmup_searches` and then every [`ExchangeConfig::search_every`]; while cohorts form
+//!    ([`ExchangeConfig::candidate_rounds`]) only hub candidates ([`crate::is_hub_candidate`])
+//!    announce, the others look up only. It learns the headers the cosine gate admits and the
+//!    hubs they name ([`Cohort::learn`]).
+//! 2. **Join and push.** Its hub is the lowest rank it knows ([`Cohort::hub`]). A node that has
+//!    not joined that hub first fetches the hub's model and has its own data check it
+//!    ([`ModelVerdict`]); if the data refuses it the node does not push, so another task's node
+//!    never enters a merge. Then it pushes its packet with its view.
+//! 3. **Admit and merge.** A hub takes pushes until it closes its admission
+//!    ([`Timing::collect_permille`]), then admits those its cosine gate passes, measured
+//!    against the nearest pusher and its [`Cohort::anchor`], refuses the others, and asks its
+//!    driver for the merge. From exchange round [`ExchangeConfig::data_checks_from`] its own
+//!    data checks the merge: refused, it heads another task's cohort and serves nobody.
+//!    Otherwise it serves the merge with its view ([`Cohort::listed`]) and learns its members'.
+//! 4. **Check and apply.** A member has every merge checked (direction and norm; and on its
+//!    data once it has joined) and applies it, or applies its own update and strikes the hub
+//!    ([`crate::HUB_STRIKES`] strikes ban it). The first merge of a hub it joins comes with the
+//!    hub's model, adopted first, so the cohort holds one model.
+//!
+//! # Time and faults
+//! Every wait has a deadline inside the round: a search ends by [`Timing::search_permille`], a
+//! join by the admission's close, a push waits [`Timing::answer_ms`] for its first answer, and
+//! everything ends at the round's deadline, where a member with no merge applies its own
+//! update. A hub that does not answer, is busy, or serves nothing by the deadline is a
+//! *miss*; after [`ExchangeConfig::max_misses`] misses in a row the member forgets it and takes
+//! the next rank (it is relearned, and its model checked again, if it comes back). A node that
+//! is not its own hub answers a push with the hub it pushes to ([`Answer::NotHub`]), which the
+//! pusher follows within the round. Every round started ends with exactly one
+//! [`Output::Finished`], at the latest when the driver calls [`Exchange::handle_timeout`] at
+//! the deadline.
+//!
+//! # Trust
+//! Nothing a peer says is taken on faith: ranks are the driver's [`crate::hub_rank`] of
+//! identities, never read from messages; cosines are measured by the driver on signed headers;
+//! a merge is applied only after the driver's checks pass ([`MergeVerdict::Pass`]); a model only
+//! after the node's data accepted it. A peer's answers can waste a member's round (a miss), not
+//! change its model. What this does not protect against yet: a peer that grinds identities for
+//! a low [`crate::hub_rank`] becomes the hub of every cohort it can reach (ranks are not yet
+//! salted per window), though its merges still face every member's checks.
+//!
+//! # Persistence
+//! [`Exchange::snapshot`] is what survives a restart (the view, bans and strikes, the hub
+//! joined, the misses), versioned ([`SNAPSHOT_VERSION`]); [`Exchange::restore`] takes it back.
+//! A round in flight is not part of it: a restored node begins at its next round, as a crashed
+//! one would.
+
+mod config;
+mod hub;
+mod io;
+mod member;
+mod round;
+mod view;
+
+use std::collections::VecDeque;
+
+use serde::{Deserialize, Serialize};
+
+use crate::Cohort;
+pub use config::{ExchangeConfig, Timing};
+pub use io::{
+    Answer, Apply, Input, MergeVerdict, Millis, ModelVerdict, Output, Role, RoundReport,
+    SeenHeader, Ticket,
+};
+use round::{Round, Step};
+use view::{View, ViewState};
+
+/// The version of [`Snapshot`] this build writes and reads.
+pub const SNAPSHOT_VERSION: u16 = 1;
+
+/// Why [`Exchange::restore`] refused a snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RestoreError {
+    /// The snapshot was written by another version of the exchange.
+    #[error("exchange snapshot version {found}, this build reads {supported}")]
+    Version {
+        /// The snapshot's version.
+        found: u16,
+        /// The version this build reads ([`SNAPSHOT_VERSION`]).
+        supported: u16,
+    },
+}
+
+/// What persists of an [`Exchange`] ([`Exchange::snapshot`]): serialize it with serde (postcard
+/// in the node).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Snapshot<P> {
+    version: u16,
+    view: ViewState<P>,
+    joined: Option<P>,
+    misses: Option<(P, u32)>,
+    last_round: Option<u64>,
+    next_ticket: u64,
+}
+
+impl<P> Snapshot<P> {
+    /// The version it was written by.
+    pub fn version(&self) -> u16 {
+        self.version
+    }
+}
+
+/// One node's hub exchange: its cohort view, its role each round, and every wait's deadline.
+///
+/// # Driving it
+/// The driver feeds [`Input`]s with [`Exchange::handle`] and, whenever the clock reaches
+/// [`Exchange::poll_timeout`], calls [`Exchange::handle_timeout`]; after either, it drains
+/// [`Exchange::poll_output`] and carries out every [`Output`] (sends a message, runs a
+/// search, computes or checks a merge and reports back with the echoed [`Ticket`]). Per round:
+/// [`Input::RoundStart`], then [`Input::PacketReady`] when the node's packet is sealed; the
+/// round ends with one [`Output::Finished`], by its deadline. `P` is the peer type, `M` the
+/// driver's handle for a packet, a merge or a model.
+///
+/// ```
+/// use kindred_routing::exchange::{Apply, Exchange, ExchangeConfig, Input, Millis, Output, Role};
+///
+/// let config = ExchangeConfig { local_rounds: 1, ..ExchangeConfig::default() };
+/// let mut node: Exchange<&str, u32> = Exchange::new("me", 42, config);
+///
+/// // Round 0 is a local round: the node applies its own update.
+/// node.handle(Millis(0), Input::RoundStart { round: 0, deadline: Millis(1_000) });
+/// node.handle(Millis(10), Input::PacketReady { round: 0, packet: 7 });
+/// match node.poll_output() {
+///     Some(Output::Finished(report)) => {
+///         assert_eq!((report.role, report.apply), (Role::Local, Apply::Own(7)));
+///     }
+///     other => panic!("{other:?}"),
+/// }
+///
+/// // Round 1: alone, it is its own hub and searches; nobody is found, nobody pushes.
+/// node.handle(Millis(1_000), Input::RoundStart { round: 1, deadline: Millis(2_000) });
+/// node.handle(Millis(1_010), Input::PacketReady { round: 1, packet: 8 });
+/// assert!(matches!(node.poll_output(), Some(Output::Search { round: 1, .. })));
+/// node.handle(Millis(1_050), Input::SearchDone { round: 1, headers: Vec::new() });
+/// // It waits for pushes until its admission closes, then applies its own update.
+/// let close = node.poll_timeout().unwrap();
+/// node.handle_timeout(close);
+/// match node.poll_output() {
+///     Some(Output::Finished(report)) => assert_eq!(report.apply, Apply::Own(8)),
+///     other => panic!("{other:?}"),
+/// }
+/// assert_eq!(node.poll_timeout(), None); // nothing to wait for until the next round
+/// ```
+#[derive(Debug, Clone)]
+pub struct Exchange<P, M> {
+    config: ExchangeConfig,
+    view: View<P>,
+    /// The hub whose merge the node took last (itself once it served as a hub).
+    joined: Option<P>,
+    /// The hub that missed, and how many times in a row.
+    misses: Option<(P, u32)>,
+    last_round: Option<u64>,
+    next_ticket: u64,
+    round: Option<Round<P, M>>,
+    /// Outputs not yet polled: at most one per push held and a few more per input.
+    out: VecDeque<Output<P, M>>,
+}
+
+impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
+    /// A node `own` of rank `own_rank` ([`crate::hub_rank`] of its identity) that knows nobody.
+    pub fn new(own: P, own_rank: u64, config: ExchangeConfig) -> Self {
+        let view = View::new(own, own_rank, config.max_members);
+        Self {
+            config,
+            view,
+            joined: None,
+            misses: None,
+            last_round: None,
+            next_ticket: 0,
+            round: None,
+            out: VecDeque::new(),
+        }
+    }
+
+    /// What persists of the node ([`Snapshot`]).
+    pub fn snapshot(&self) -> Snapshot<P> {
+        Snapshot {
+            version: SNAPSHOT_VERSION,
+            view: self.view.state(),
+            joined: self.joined.clone(),
+            misses: self.misses.clone(),
+            last_round: self.last_round,
+            next_ticket: self.next_ticket,
+        }
+    }
+
+    /// The node as `snapshot` left it, between rounds.
+    ///
+    /// # Errors
+    /// [`RestoreError::Version`] if another version of the exchange wrote the snapshot.
+    pub fn restore(config: ExchangeConfig, snapshot: Snapshot<P>) -> Result<Self, RestoreError> {
+        if snapshot.version != SNAPSHOT_VERSION {
+            return Err(RestoreError::Version {
+                found: snapshot.version,
+                supported: SNAPSHOT_VERSION,
+            });
+        }
+        let view = View::restore(snapshot.view, config.max_members);
+        Ok(Self {
+            config,
+            view,
+            joined: snapshot.joined,
+            misses: snapshot.misses,
+            last_round: snapshot.last_round,
+            next_ticket: snapshot.next_ticket,
+            round: None,
+            out: VecDeque::new(),
+        })
+    }
+
+    /// The node's cohort view.
+    pub fn cohort(&self) -> &Cohort<P> {
+        self.view.cohort()
+    }
+
+    /// The hub the node would push to now: the lowest rank of its view, itself included.
+    pub fn hub(&self) -> P {
+        self.view.hub()
+    }
+
+    /// The hub whose merge the node took last (itself if it served as a hub).
+    pub fn joined(&self) -> Option<&P> {
+        self.joined.as_ref()
+    }
+
+    /// The round in flight, if one is not finished.
+    pub fn round(&self) -> Option<u64> {
+        self.round
+            .as_ref()
+            .filter(|r| !r.is_done())
+            .map(|r| r.number)
+    }
+
+    /// The config it runs with.
+    pub fn config(&self) -> &ExchangeConfig {
+        &self.config
+    }
+
+    /// The next action for the driver, if any.
+    pub fn poll_output(&mut self) -> Option<Output<P, M>> {
+        self.out.pop_front()
+    }
+
+    /// When [`Exchange::handle_timeout`] must next be called, if anything waits: never later
+    /// than the round's deadline.
+    pub fn poll_timeout(&self) -> Option<Millis> {
+        let r = self.round.as_ref().filter(|r| !r.is_done())?;
+        Some(r.timer().map_or(r.deadline, |t| t.min(r.deadline)))
+    }
+
+    /// Time has reached `now`: expire what waited until then.
+    pub fn handle_timeout(&mut self, now: Millis) {
+        // Each pass finishes the round or moves it to a later step; a round has few steps.
+        for _ in 0..8 {
+            let Some(r) = self.round.as_ref().filter(|r| !r.is_done()) else {
+                return;
+            };
+            if now >= r.deadline {
+                self.expire();
+                return;
+            }
+            match r.timer() {
+                Some(t) if now >= t => self.step_timeout(now),
+                _ => return,
+            }
+        }
+    }
+
+    /// Feed one input at `now`. Timers up to `now` expire first; an input the node does not
+    /// wait for (another round, an unknown ticket, a peer it did not push to) is dropped.
+    pub fn handle(&mut self, now: Millis, input: Input<P, M>) {
+        self.handle_timeout(now);
+        match input {
+            Input::RoundStart { round, deadline } => self.round_start(now, round, deadline),
+            Input::PacketReady { round, packet } => self.packet_ready(now, round, packet),
+            Input::SearchDone { round, headers } => self.search_done(now, round, headers),
+            Input::PushReceived {
+                from,
+                rank,
+                round,
+                packet,
+                cosine,
+                known,
+            } => self.push_received(
+                round,
+                round::PushIn {
+                    from,
+                    rank,
+                    packet,
+                    cosine,
+                    known,
+                },
+            ),
+            Input::AnswerReceived {
+                from,
+                round,
+                answer,
+            } => self.answer_received(now, from, round, answer),
+            Input::MergeReceived {
+                from,
+                round,
+                merge,
+                cosine,
+                listed,
+            } => self.merge_received(from, round, merge, cosine, listed),
+            Input::ModelReceived { ticket, model } => self.model_received(ticket, model),
+            Input::ModelChecked { ticket, verdict } => self.model_checked(now, ticket, verdict),
+            Input::MergeComputed { ticket, merge } => self.merge_computed(ticket, merge),
+            Input::MergeChecked { ticket, verdict } => self.merge_checked(ticket, verdict),
+        }
+    }
+
+    fn ticket(&mut self) -> Ticket {
+        let t = Ticket(self.next_ticket);
+        self.next_ticket = self.next_ticket.wrapping_add(1);
+        t
+    }
+
+    /// Rounds since the exchange began, or `None` in a local round.
+    fn exchange_round(&self, round: u64) -> Option<u64> {
+        round.checked_sub(self.config.local_rounds)
+    }
+
+    fn set_step(&mut self, step: Step<P, M>) {
+        if let Some(r) = self.round.as_mut() {
+            r.step = step;
+        }
+    }
+
+    fn round_start(&mut self, now: Millis, round: u64, deadline: Millis) {
+        if self.last_round.is_some_and(|last| round <= last) {
+            tracing::debug!(round, "exchange: stale round start dropped");
+            return;
+        }
+        // A round still open ends now, as at its deadline.
+        self.expire();
+        let role = if self.exchange_round(round).is_some() {
+            Role::Member
+        } else {
+            Role::Local
+        };
+        self.last_round = Some(round);
+        self.round = Some(Round {
+            number: round,
+            start: now,
+            deadline: deadline.max(now),
+            packet: None,
+            step: Step::Packet,
+            role,
+            hub: None,
+            pushes: Vec::new(),
+            redirects: 0,
+        });
+    }
+
+    fn merge_checked(&mut self, ticket: Ticket, verdict: MergeVerdict) {
+        let Some(r) = self.round.as_ref() else { return };
+        match &r.step {
+            Step::CheckMerge {
+                joining,
+                ticket: t,
+                merge,
+                cosine,
+                listed,
+            } if *t == ticket => {
+                let (joining, merge, listed) = (joining.clone(), merge.clone(), listed.clone());
+                let cosine = *cosine;
+                self.member_verdict(joining, merge, cosine, listed, verdict);
+            }
+            Step::CheckOwn {
+                ticket: t, merge, ..
+            } if *t == ticket => {
+                let merge = merge.clone();
+                if verdict == MergeVerdict::Pass {
+                    self.serve(merge);
+                } else {
+                    self.hub_refused_merge();
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Forget `p`, or ban it at its second failure in a row.
+    fn refuse(&mut self, p: &P) {
+        if self.view.refuse(p) {
+            self.out.push_back(Output::Ban { peer: p.clone() });
+        }
+    }
+
+    /// `hub` missed: after `max_misses` in a row the node forgets it (and checks its model
+    /// again if it relearns it).
+    fn miss(&mut self, hub: &P) {
+        let count = match self.misses.as_mut() {
+            Some((p, c)) if p == hub => {
+                *c += 1;
+                *c
+            }
+            _ => {
+                self.misses = Some((hub.clone(), 1));
+                1
+            }
+        };
+        if count >= self.config.max_misses.max(1) {
+            tracing::debug!(?hub, count, "exchange: hub dropped after misses");
+            self.view.forget(hub);
+            self.misses = None;
+            if self.joined.as_ref() == Some(hub) {
+                self.joined = None;
+            }
+        }
+    }
+
+    /// The hub this round's member step waits on.
+    fn member_hub(&self) -> Option<P> {
+        self.round.as_ref().and_then(|r| r.hub.clone())
+    }
+
+    /// A step's own timer passed (not the deadline).
+    fn step_timeout(&mut self, now: Millis) {
+        let Some(r) = self.round.as_ref() else { return };
+        match &r.step {
+            Step::Search { .. } => {
+                self.set_step(Step::Packet);
+                self.choose(now);
+            }
+            Step::Fetch { .. } | Step::Pushed { .. } => {
+                if let Some(hub) = self.member_hub() {
+                    self.miss(&hub);
+                }
+                self.finish(Apply::Nothing, true);
+            }
+            Step::CheckModel { .. } => self.finish(Apply::Nothing, false),
+            Step::Collect { .. } => self.close_admission(),
+            _ => {}
+        }
+    }
+
+    /// The round's deadline: whatever it waited for, it ends now.
+    fn expire(&mut self) {
+        let Some(r) = self.round.as_mut().filter(|r| !r.is_done()) else {
+            return;
+        };
+        let round = r.number;
+        let missed = match &mut r.step {
+            Step::Fetch { .. } | Step::Pushed { .. } => true,
+            Step::Merging { admitted, .. } | Step::CheckOwn { admitted, .. } => {
+                for p in std::mem::take(admitted) {
+                    self.out.push_back(Output::Answer {
+                        to: p.from,
+                        round,
+                        answer: Answer::Busy,
+                    });
+                }
+                false
+            }
+            _ => false,
+        };
+        if missed && let Some(hub) = self.member_hub() {
+            self.miss(&hub);
+        }
+        self.finish(Apply::Nothing, missed);
+    }
+
+    /// End the round with `apply`; [`Apply::Nothing`] here stands for "its own packet, if it
+    /// has one". Pushes still held are answered.
+    fn finish(&mut self, apply: Apply<M>, missed: bool) {
+        let own = self.view.own().clone();
+        let Some(r) = self.round.as_mut().filter(|r| !r.is_done()) else {
+            return;
+        };
+        let apply = match (apply, r.packet.clone()) {
+            (Apply::Nothing, Some(p)) => Apply::Own(p),
+            (apply, _) => apply,
+        };
+        let (round, role) = (r.number, r.role);
+        let hub = match role {
+            Role::Member => r.hub.clone().unwrap_or(own),
+            Role::Hub | Role::Local => own,
+        };
+        r.step = Step::Done;
+        let answer = if role == Role::Local {
+            Answer::Busy
+        } else {
+            Answer::Late
+        };
+        for p in std::mem::take(&mut r.pushes) {
+            self.out.push_back(Output::Answer {
+                to: p.from,
+                round,
+                answer: answer.clone(),
+            });
+        }
+        self.out.push_back(Output::Finished(RoundReport {
+            round,
+            role,
+            hub,
+            apply,
+            missed,
+        }));
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,127 @@
+//! The state of the round in flight: its deadlines and where it stands.
+
+use super::io::{Millis, Role, Ticket};
+
+/// A push a hub holds until its admission closes.
+#[derive(Debug, Clone)]
+pub(super) struct PushIn<P, M> {
+    pub(super) from: P,
+    pub(super) rank: u64,
+    pub(super) packet: M,
+    pub(super) cosine: f32,
+    pub(super) known: Vec<(P, u64)>,
+}
+
+/// What a member brings to its hub's first merge.
+#[derive(Debug, Clone)]
+pub(super) enum Joining<M> {
+    /// It has joined the hub already.
+    Member,
+    /// Its data accepted the hub's model, near its own: adopt it with the first merge.
+    Adopt(M),
+    /// Its data accepted the hub's model, far from its own: keep its own.
+    Keep,
+}
+
+/// Where a round stands. Every step but [`Step::Done`] ends at the round's deadline at the
+/// latest; those with a timer of their own ([`Round::timer`]) end earlier.
+#[derive(Debug, Clone)]
+pub(super) enum Step<P, M> {
+    /// Waiting for the node's own packet.
+    Packet,
+    /// Waiting for the search.
+    Search { until: Millis },
+    /// A member waiting for its hub's model (until the hub's admission closes).
+    Fetch { ticket: Ticket, until: Millis },
+    /// A member waiting for its data's verdict on the hub's model.
+    CheckModel {
+        ticket: Ticket,
+        model: M,
+        until: Millis,
+    },
+    /// A member that pushed, waiting for the answer and the merge.
+    Pushed {
+        joining: Joining<M>,
+        accepted: bool,
+        answer_by: Millis,
+    },
+    /// A member waiting for its checks of the merge.
+    CheckMerge {
+        joining: Joining<M>,
+        ticket: Ticket,
+        merge: M,
+        cosine: f32,
+        listed: Vec<(P, u64)>,
+    },
+    /// A hub taking pushes.
+    Collect { until: Millis },
+    /// A hub waiting for its merge.
+    Merging {
+        ticket: Ticket,
+        admitted: Vec<PushIn<P, M>>,
+    },
+    /// A hub waiting for its data's verdict on its merge.
+    CheckOwn {
+        ticket: Ticket,
+        merge: M,
+        admitted: Vec<PushIn<P, M>>,
+    },
+    /// Finished.
+    Done,
+}
+
+/// The round in flight.
+#[derive(Debug, Clone)]
+pub(super) struct Round<P, M> {
+    pub(super) number: u64,
+    pub(super) start: Millis,
+    pub(super) deadline: Millis,
+    pub(super) packet: Option<M>,
+    pub(super) step: Step<P, M>,
+    pub(super) role: Role,
+    /// The hub a member joins or pushed to.
+    pub(super) hub: Option<P>,
+    /// Pushes held before and during the admission (a hub's).
+    pub(super) pushes: Vec<PushIn<P, M>>,
+    pub(super) redirects: u32,
+}
+
+impl<P, M> Round<P, M> {
+    /// The point `permille` thousandths into the round.
+    pub(super) fn at(&self, permille: u16) -> Millis {
+        let span = self.deadline.0.saturating_sub(self.start.0);
+        let part = u128::from(span) * u128::from(permille.min(1000)) / 1000;
+        self.start
+            .saturating_add(u64::try_from(part).unwrap_or(span))
+    }
+
+    /// The step's own timer, if it has one.
+    pub(super) fn timer(&self) -> Option<Millis> {
+        match &self.step {
+            Step::Search { until }
+            | Step::Fetch { until, .. }
+            | Step::CheckModel { until, .. }
+            | Step::Collect { until } => Some(*until),
+            Step::Pushed {
+                accepted: false,
+                answer_by,
+                ..
+            } => Some(*answer_by),
+            _ => None,
+        }
+    }
+
+    pub(super) fn is_done(&self) -> bool {
+        matches!(self.step, Step::Done)
+    }
+}
+
+/// The round in flight, if it is `number` and not finished.
+pub(super) fn current<P, M>(
+    round: &mut Option<Round<P, M>>,
+    number: u64,
+) -> Option<&mut Round<P, M>> {
+    round
+        .as_mut()
+        .filter(|r| r.number == number && !r.is_done())
+}

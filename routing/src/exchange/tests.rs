@@ -1,0 +1,383 @@
+//! Unit tests of the exchange core: nodes driven by hand, messages handed over as values.
+
+use super::*;
+
+type Node = Exchange<u32, &'static str>;
+
+fn config() -> ExchangeConfig {
+    ExchangeConfig {
+        local_rounds: 0,
+        ..ExchangeConfig::default()
+    }
+}
+
+fn drain(node: &mut Node) -> Vec<Output<u32, &'static str>> {
+    std::iter::from_fn(|| node.poll_output()).collect()
+}
+
+fn finished(outputs: &[Output<u32, &'static str>]) -> Option<RoundReport<u32, &'static str>> {
+    outputs.iter().find_map(|o| match o {
+        Output::Finished(r) => Some(r.clone()),
+        _ => None,
+    })
+}
+
+/// Starts round `round` (deadline 1 s later) with packet `packet` at a node that knows `hub`.
+fn start(node: &mut Node, round: u64, packet: &'static str) -> Vec<Output<u32, &'static str>> {
+    let t = Millis(round * 1_000);
+    node.handle(
+        t,
+        Input::RoundStart {
+            round,
+            deadline: t.saturating_add(1_000),
+        },
+    );
+    node.handle(t, Input::PacketReady { round, packet });
+    drain(node)
+}
+
+#[test]
+fn a_local_round_applies_the_own_update_and_answers_pushes_busy() {
+    let mut node = Node::new(1, 10, ExchangeConfig::default());
+    node.handle(
+        Millis(0),
+        Input::RoundStart {
+            round: 0,
+            deadline: Millis(1_000),
+        },
+    );
+    node.handle(
+        Millis(1),
+        Input::PushReceived {
+            from: 2,
+            rank: 20,
+            round: 0,
+            packet: "p2",
+            cosine: 0.99,
+            known: Vec::new(),
+        },
+    );
+    assert!(matches!(
+        drain(&mut node).as_slice(),
+        [Output::Answer {
+            to: 2,
+            answer: Answer::Busy,
+            ..
+        }]
+    ));
+    node.handle(
+        Millis(2),
+        Input::PacketReady {
+            round: 0,
+            packet: "p1",
+        },
+    );
+    let report = finished(&drain(&mut node)).unwrap();
+    assert_eq!((report.role, report.apply), (Role::Local, Apply::Own("p1")));
+}
+
+#[test]
+fn a_member_joins_its_hub_and_applies_its_checked_merge() {
+    let mut hub = Node::new(1, 10, config());
+    let mut member = Node::new(2, 20, config());
+    member.handle(
+        Millis(0),
+        Input::RoundStart {
+            round: 0,
+            deadline: Millis(1_000),
+        },
+    );
+    hub.handle(
+        Millis(0),
+        Input::RoundStart {
+            round: 0,
+            deadline: Millis(1_000),
+        },
+    );
+    // The member found the hub in an earlier search.
+    member.view.learn([(1, 10)]);
+    member.handle(
+        Millis(1),
+        Input::PacketReady {
+            round: 0,
+            packet: "p2",
+        },
+    );
+    let Some(Output::FetchModel { ticket, hub: 1 }) = member.poll_output() else {
+        panic!("a joining member fetches the hub's model first");
+    };
+    member.handle(
+        Millis(2),
+        Input::ModelReceived {
+            ticket,
+            model: Some("m1"),
+        },
+    );
+    let Some(Output::CheckModel { ticket, .. }) = member.poll_output() else {
+        panic!("and checks it");
+    };
+    member.handle(
+        Millis(3),
+        Input::ModelChecked {
+            ticket,
+            verdict: ModelVerdict::Adopt,
+        },
+    );
+    let Some(Output::Push {
+        to: 1,
+        round: 0,
+        packet,
+        known,
+    }) = member.poll_output()
+    else {
+        panic!("then pushes");
+    };
+    hub.handle(
+        Millis(4),
+        Input::PushReceived {
+            from: 2,
+            rank: 20,
+            round: 0,
+            packet,
+            cosine: 0.97,
+            known,
+        },
+    );
+    hub.handle(
+        Millis(5),
+        Input::PacketReady {
+            round: 0,
+            packet: "p1",
+        },
+    );
+    let out = drain(&mut hub);
+    assert!(matches!(
+        out.first(),
+        Some(Output::Answer {
+            to: 2,
+            answer: Answer::Accepted,
+            ..
+        })
+    ));
+    assert!(matches!(
+        out.get(1),
+        Some(Output::Search { announce: true, .. })
+    ));
+    hub.handle(
+        Millis(6),
+        Input::SearchDone {
+            round: 0,
+            headers: Vec::new(),
+        },
+    );
+    // The admission closes at 600 ms.
+    assert_eq!(hub.poll_timeout(), Some(Millis(600)));
+    hub.handle_timeout(Millis(600));
+    let Some(Output::Merge {
+        ticket,
+        own: "p1",
+        members,
+        ..
+    }) = hub.poll_output()
+    else {
+        panic!("the hub asks for its merge");
+    };
+    assert_eq!(members, vec![(2, "p2")]);
+    hub.handle(
+        Millis(650),
+        Input::MergeComputed {
+            ticket,
+            merge: Some("merge"),
+        },
+    );
+    let out = drain(&mut hub);
+    let Some(Output::ServeMerge { to, listed, .. }) = out.first() else {
+        panic!("{out:?}");
+    };
+    assert_eq!(to, &vec![2]);
+    assert_eq!(listed, &vec![(1, 10), (2, 20)]);
+    assert_eq!(
+        finished(&out).unwrap().apply,
+        Apply::Merge {
+            merge: "merge",
+            adopt: None
+        }
+    );
+    member.handle(
+        Millis(660),
+        Input::MergeReceived {
+            from: 1,
+            round: 0,
+            merge: "merge",
+            cosine: 0.97,
+            listed: listed.clone(),
+        },
+    );
+    let Some(Output::CheckMerge {
+        ticket,
+        by_data: false,
+        own: "p2",
+        ..
+    }) = member.poll_output()
+    else {
+        panic!("a first merge is checked by direction and norm only");
+    };
+    member.handle(
+        Millis(670),
+        Input::MergeChecked {
+            ticket,
+            verdict: MergeVerdict::Pass,
+        },
+    );
+    let report = finished(&drain(&mut member)).unwrap();
+    assert_eq!(
+        report.apply,
+        Apply::Merge {
+            merge: "merge",
+            adopt: Some("m1")
+        }
+    );
+    assert_eq!(
+        (report.role, report.hub, report.missed),
+        (Role::Member, 1, false)
+    );
+    assert_eq!(member.joined(), Some(&1));
+}
+
+#[test]
+fn a_member_with_no_merge_applies_its_own_update_and_drops_a_silent_hub() {
+    let mut member = Node::new(2, 20, config());
+    member.view.learn([(1, 10), (3, 30)]);
+    member.joined = Some(1);
+    for round in 0..2 {
+        let out = start(&mut member, round, "p2");
+        assert!(
+            matches!(out.as_slice(), [Output::Push { to: 1, .. }]),
+            "{out:?}"
+        );
+        // No answer within `answer_ms` (capped at the deadline): a miss.
+        let t = member.poll_timeout().unwrap();
+        assert_eq!(t, Millis(round * 1_000 + 1_000));
+        member.handle_timeout(t);
+        let report = finished(&drain(&mut member)).unwrap();
+        assert_eq!((report.apply, report.missed), (Apply::Own("p2"), true));
+    }
+    // Two misses in a row: the member forgets hub 1 and is its own hub (3 ranks above it).
+    assert_eq!(member.hub(), 2);
+    assert_eq!(member.joined(), None);
+}
+
+#[test]
+fn a_hub_refuses_what_its_gate_does_not_admit_and_a_non_hub_names_its_hub() {
+    let mut hub = Node::new(1, 10, config());
+    hub.view.learn([(0, 5)]);
+    let out = start(&mut hub, 0, "p1");
+    assert!(matches!(
+        out.as_slice(),
+        [Output::FetchModel { hub: 0, .. }]
+    ));
+    // A push to a node that is not its own hub is answered with its hub.
+    hub.handle(
+        Millis(10),
+        Input::PushReceived {
+            from: 7,
+            rank: 70,
+            round: 0,
+            packet: "p7",
+            cosine: 0.2,
+            known: Vec::new(),
+        },
+    );
+    assert!(matches!(
+        drain(&mut hub).as_slice(),
+        [Output::Answer {
+            to: 7,
+            answer: Answer::NotHub { hub: 0, rank: 5 },
+            ..
+        }]
+    ));
+
+    let mut alone = Node::new(1, 10, config());
+    let _ = start(&mut alone, 0, "p1");
+    alone.handle(
+        Millis(5),
+        Input::SearchDone {
+            round: 0,
+            headers: Vec::new(),
+        },
+    );
+    for (from, cosine) in [(7, 0.2), (8, 0.98), (9, 0.97)] {
+        alone.handle(
+            Millis(10),
+            Input::PushReceived {
+                from,
+                rank: 70,
+                round: 0,
+                packet: "p",
+                cosine,
+                known: Vec::new(),
+            },
+        );
+    }
+    let _ = drain(&mut alone);
+    alone.handle_timeout(Millis(600));
+    let out = drain(&mut alone);
+    assert!(matches!(
+        out.first(),
+        Some(Output::Answer {
+            to: 7,
+            answer: Answer::Refused { foreign: false },
+            ..
+        })
+    ));
+    let Some(Output::Merge { members, .. }) = out.get(1) else {
+        panic!("{out:?}")
+    };
+    assert_eq!(members.iter().map(|m| m.0).collect::<Vec<_>>(), vec![8, 9]);
+}
+
+#[test]
+fn a_snapshot_restores_the_same_behaviour_and_refuses_other_versions() {
+    let mut node = Node::new(2, 20, config());
+    node.view.learn([(1, 10), (3, 30), (4, 40)]);
+    node.view.failed(&4);
+    node.view.refuse(&3);
+    node.view.refuse(&3);
+    node.view.merged(0.93);
+    node.joined = Some(1);
+    let _ = start(&mut node, 0, "p");
+    node.handle_timeout(Millis(1_000));
+    let _ = drain(&mut node);
+
+    let bytes = postcard::to_allocvec(&node.snapshot()).unwrap();
+    let snapshot: Snapshot<u32> = postcard::from_bytes(&bytes).unwrap();
+    assert_eq!(snapshot, node.snapshot());
+    let mut restored = Node::restore(config(), snapshot.clone()).unwrap();
+    assert_eq!(restored.snapshot(), node.snapshot());
+    // Same inputs, same outputs: the second miss drops hub 1 in both; 3 stays banned; 4 is
+    // banned at its second strike in both.
+    for n in [&mut node, &mut restored] {
+        let out = start(n, 1, "p");
+        assert!(
+            matches!(out.as_slice(), [Output::Push { to: 1, .. }]),
+            "{out:?}"
+        );
+        n.handle_timeout(Millis(2_000));
+        let _ = drain(n);
+        n.view.learn([(3, 30)]);
+        assert!(n.view.failed(&4));
+    }
+    assert_eq!(restored.snapshot(), node.snapshot());
+    assert_eq!(restored.hub(), 2);
+    assert_eq!(restored.cohort().anchor(), 0.93);
+
+    let mut old = snapshot;
+    old.version = SNAPSHOT_VERSION + 1;
+    assert_eq!(
+        Node::restore(config(), old).err(),
+        Some(RestoreError::Version {
+            found: SNAPSHOT_VERSION + 1,
+            supported: SNAPSHOT_VERSION
+        })
+    );
+}
