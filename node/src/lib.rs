@@ -1,8 +1,8 @@
-//! The Kindred node as a library: everything the `kindred` binary is made of, usable by the
-//! simulator and by tests.
+//! The Kindred node as a library: everything the `kindred` binary is made of, usable by tests.
 //!
-//! - [`trainer`]: real MNIST data, per-node tasks (rotation / label-permutation clusters) and
-//!   shards, and the built-in candle models (MLP, CNN) over a flat parameter vector.
+//! - [`trainer`]: the `kindred-trainer` crate (real MNIST data, per-node tasks and shards, the
+//!   built-in candle models over a flat parameter vector), re-exported; the simulator uses that
+//!   crate directly, without the node's HTTP, storage and networking.
 //! - [`engine`]: one node's model, distiller and store, and the two halves of a round.
 //! - [`run`]: the tokio driver — routing task, local API, wall-clock round schedule, shutdown.
 //! - [`api`]: the local HTTP API (status, metrics, external trainer).
@@ -18,4 +18,4 @@ pub mod engine;
 pub mod metrics;
 pub mod run;
 pub mod store;
-pub mod trainer;
+pub use kindred_trainer as trainer;

@@ -146,7 +146,7 @@ impl Examples {
 /// A seeded split of `n` digits into a training part and a held-out evaluation part.
 ///
 /// ```
-/// use kindred_node::trainer::Split;
+/// use kindred_trainer::Split;
 /// let s = Split::new(10_000, 0.2, 7);
 /// assert_eq!((s.train.len(), s.eval.len()), (8_000, 2_000));
 /// assert_eq!(s, Split::new(10_000, 0.2, 7));

@@ -111,7 +111,7 @@ impl Mnist {
         }
         dirs.push(PathBuf::from("../shared/data/mnist"));
         dirs.push(PathBuf::from("shared/data/mnist"));
-        dirs.push(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/mnist"));
+        dirs.push(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/mnist"));
         dirs
     }
 

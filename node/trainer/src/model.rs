@@ -347,7 +347,7 @@ fn check(spec: &ModelSpec, values: &[f32]) -> Result<(), ModelError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trainer::{Mnist, Split, Task};
+    use crate::{Mnist, Split, Task};
 
     #[test]
     fn params_round_trip_and_updates_apply() {
