@@ -178,18 +178,28 @@ impl Embedder {
         for (layer, range) in layout.ranges().enumerate() {
             let x = update.get(range.clone()).unwrap_or_default();
             let c = mean.and_then(|m| m.get(range.clone()));
-            scratch.fill(0.0);
-            let sum_sq = self
-                .backend
-                .count_sketch(&self.sketch, x, c, range.start as u64, &mut scratch)
-                .map_err(|e| match e {
-                    SketchError::NonFinite { index, value } => EmbedError::NonFinite {
-                        layer,
-                        index,
-                        value,
-                    },
-                    source => EmbedError::Sketch { layer, source },
-                })?;
+            let sketch = |x: &[f32], c: Option<&[f32]>, scratch: &mut [f32]| {
+                scratch.fill(0.0);
+                self.backend
+                    .count_sketch(&self.sketch, x, c, range.start as u64, scratch)
+                    .map_err(|e| match e {
+                        SketchError::NonFinite { index, value } => EmbedError::NonFinite {
+                            layer,
+                            index,
+                            value,
+                        },
+                        source => EmbedError::Sketch { layer, source },
+                    })
+            };
+            let mut sum_sq = sketch(x, c, &mut scratch)?;
+            if scratch.iter().any(|v| !v.is_finite()) {
+                // Finite values whose bucket sums overflow f32 (values near `f32::MAX`: a
+                // hostile update, or a model a merge without the robust rules broke): sketch a
+                // copy scaled down by a power of two, which the normalisation undoes. Only
+                // this case pays for the copy; every other embedding is computed as before.
+                let (xs, cs) = scaled_down(x, c);
+                sum_sq = sketch(&xs, cs.as_deref(), &mut scratch)?;
+            }
             add_normalised(&mut total, &scratch, sum_sq);
         }
         self.finish(&total)
@@ -213,6 +223,23 @@ impl Embedder {
             margins: hash.margins,
         })
     }
+}
+
+/// `x` and `c` multiplied by the power of two that brings their largest magnitude to at most
+/// 4 (`2^-126` at the least, so that the factor itself stays a normal f32).
+fn scaled_down(x: &[f32], c: Option<&[f32]>) -> (Vec<f32>, Option<Vec<f32>>) {
+    let max = x
+        .iter()
+        .chain(c.unwrap_or_default())
+        .fold(0f32, |m, v| m.max(v.abs()));
+    let exponent = if max > 1.0 {
+        (max.log2().ceil() as i32).clamp(0, 126)
+    } else {
+        0
+    };
+    let factor = 2f32.powi(-exponent);
+    let scale = |v: &[f32]| v.iter().map(|a| a * factor).collect::<Vec<f32>>();
+    (scale(x), c.map(scale))
 }
 
 /// `total += layer / sqrt(sum_sq)`: one layer's sketch, L2-normalised (skipped for an all-zero

@@ -73,4 +73,6 @@ pub use error::{ConfigError, DecodeError, DistillError, EmbedError, RestoreError
 pub use layout::Layout;
 pub use policy::{LayerPlan, Policy};
 pub use state::{DistillerState, STATE_VERSION};
-pub use synth::{MergeRule, Rejection, SynthConfig, Synthesis, UpdateRef, Verdict, synthesize};
+pub use synth::{
+    MergeRule, Rejection, SynthConfig, Synthesis, UpdateRef, Verdict, cap_samples, synthesize,
+};

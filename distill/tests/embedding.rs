@@ -162,3 +162,22 @@ fn distill_embeds_exactly_like_embed() {
         assert_eq!(out.margins, standalone.margins);
     }
 }
+
+#[test]
+fn the_largest_finite_values_embed_like_their_direction() {
+    // A layer's bucket sums of values near f32::MAX overflow f32; the embedding must still be
+    // the update's direction (a hostile update, or a model a plain mean broke, is finite).
+    let spec = common::spec();
+    let n = spec.numel() as usize;
+    let mut d = Distiller::new(spec, Policy::default(), EmbeddingConfig::default()).unwrap();
+    let base = common::update(n, 5);
+    let unit: Vec<f32> = base.iter().map(|x| 1.0f32.copysign(*x)).collect();
+    let huge: Vec<f32> = base.iter().map(|x| f32::MAX.copysign(*x)).collect();
+    let (a, b) = (d.embed(&unit).unwrap(), d.embed(&huge).unwrap());
+    let cos = a.embedding.cosine(&b.embedding);
+    assert!(cos > 0.999, "{cos}");
+    assert!(a.embedding.simhash.hamming(&b.embedding.simhash) <= 2);
+    // And a distiller takes such an update without an error.
+    let out = d.distill(&huge).unwrap();
+    assert_eq!(out.body.layers.len(), 5);
+}

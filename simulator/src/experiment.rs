@@ -35,6 +35,9 @@ pub struct ExperimentConfig {
     pub hostile_fraction: f64,
     /// The setting of the poisoning run.
     pub poison_setting: Setting,
+    /// The hostile nodes' attacks in the poisoning run, assigned in turn (default
+    /// [`Attack::poisoning`]).
+    pub attacks: Vec<Attack>,
     /// Nodes, rounds, training, top-m, probes and evaluation sizes, as for `kindred-sim learn`;
     /// its seed, setting, policies and hostile nodes are set per run.
     pub base: LearnConfig,
@@ -54,6 +57,7 @@ impl Default for ExperimentConfig {
             rows: PolicySpec::evaluation_table(),
             hostile_fraction: 0.2,
             poison_setting: Setting::Label { clusters: 4 },
+            attacks: Attack::poisoning(),
             base: LearnConfig::new(64, 30),
         }
     }
@@ -152,6 +156,8 @@ pub struct PoisonSummary {
     pub hostile_fraction: f64,
     /// Hostile nodes per seed.
     pub hostile_nodes: Vec<usize>,
+    /// Their attacks, assigned in turn.
+    pub attacks: Vec<Attack>,
     /// Kindred on the clean run of the same setting and seeds.
     pub clean: Spread,
     /// Kindred with the robust merge, honest nodes.
@@ -160,6 +166,10 @@ pub struct PoisonSummary {
     pub plain: Spread,
     /// Clean − robust, per seed.
     pub robust_loss: Vec<f64>,
+    /// Kindred with the robust merge, honest nodes, per seed (the order of the seeds).
+    pub robust_per_seed: Vec<f64>,
+    /// Bytes per node per round of the robust run (every node's traffic).
+    pub robust_bytes: Spread,
 }
 
 /// Everything the experiment measured.
@@ -330,6 +340,7 @@ pub fn run(
     }
     let poisoning = if poison {
         let (mut robust, mut plain, mut hostile_nodes) = (Vec::new(), Vec::new(), Vec::new());
+        let mut robust_bytes = Vec::new();
         for &seed in &cfg.seeds {
             let mut lc = cfg.base.clone();
             lc.seed = seed;
@@ -337,7 +348,7 @@ pub fn run(
             lc.policies = vec![PolicySpec::kindred(), PolicySpec::kindred_plain_merge()];
             lc.hostile = Some(Hostile {
                 fraction: cfg.hostile_fraction,
-                attacks: vec![Attack::Scale(10.0), Attack::SignFlip, Attack::Noise],
+                attacks: cfg.attacks.clone(),
             });
             let label = format!("{} poisoned seed {seed}", cfg.poison_setting.name());
             let offset = done_runs * rounds;
@@ -360,6 +371,13 @@ pub fn run(
             };
             robust.push(acc("kindred"));
             plain.push(acc("kindred-plain-merge"));
+            robust_bytes.push(
+                report
+                    .policies
+                    .iter()
+                    .find(|p| p.name == "kindred")
+                    .map_or(f64::NAN, |p| p.bytes_per_node_round),
+            );
         }
         // Without the clean setting in the grid there is nothing to compare against.
         let robust_loss = if clean_kindred.len() == robust.len() {
@@ -375,10 +393,13 @@ pub fn run(
             setting: cfg.poison_setting.name(),
             hostile_fraction: cfg.hostile_fraction,
             hostile_nodes,
+            attacks: cfg.attacks.clone(),
             clean: Spread::of(&clean_kindred),
             robust: Spread::of(&robust),
             plain: Spread::of(&plain),
             robust_loss,
+            robust_bytes: Spread::of(&robust_bytes),
+            robust_per_seed: robust,
         })
     } else {
         None
@@ -398,7 +419,7 @@ pub fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kindred_node::trainer::TrainConfig;
+    use kindred_trainer::TrainConfig;
 
     #[test]
     fn rounds_to_bar_is_one_based_and_none_when_never_reached() {
@@ -423,6 +444,7 @@ mod tests {
             rows: PolicySpec::evaluation_table(),
             hostile_fraction: 0.25,
             poison_setting: Setting::Label { clusters: 2 },
+            attacks: Attack::poisoning(),
             base,
         };
         let r = run(&cfg, &|_, _, _| {}).unwrap();
@@ -448,5 +470,9 @@ mod tests {
         let p = r.poisoning.unwrap();
         assert_eq!(p.robust_loss.len(), 2);
         assert!(p.hostile_nodes.iter().all(|&h| h > 0));
+        assert_eq!(p.attacks, Attack::poisoning());
+        assert_eq!(p.robust_per_seed.len(), 2);
+        assert!(p.robust_per_seed.iter().all(|a| a.is_finite()));
+        assert!(p.robust_bytes.mean > 0.0);
     }
 }

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use kindred_node::trainer::TrainConfig;
+use kindred_trainer::TrainConfig;
 
 /// `--seed`, `--json`, `--out`.
 #[derive(Debug, Clone, Args)]

@@ -195,10 +195,13 @@ fn summary_json(r: &ExperimentReport, peak: f64) -> Value {
             "setting": p.setting,
             "hostile_fraction": p.hostile_fraction,
             "hostile_nodes": p.hostile_nodes,
+            "attacks": p.attacks.iter().map(|a| a.name()).collect::<Vec<_>>(),
             "clean": spread_json(p.clean),
             "robust": spread_json(p.robust),
             "plain": spread_json(p.plain),
             "robust_loss_per_seed": p.robust_loss,
+            "robust_per_seed": p.robust_per_seed,
+            "robust_bytes_per_node_round": spread_json(p.robust_bytes),
         })
     });
     json!({
@@ -275,9 +278,14 @@ pub(crate) fn run(args: &ExperimentArgs) -> anyhow::Result<()> {
     if let Some(p) = &report.poisoning {
         let mut t = Table::new(
             &format!(
-                "poisoning: {}, {:.0}% hostile (×10, sign flip, noise), honest nodes' accuracy %",
+                "poisoning: {}, {:.0}% hostile ({}), honest nodes' accuracy %",
                 p.setting,
-                100.0 * p.hostile_fraction
+                100.0 * p.hostile_fraction,
+                p.attacks
+                    .iter()
+                    .map(|a| a.name())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
             &["run", "accuracy %"],
         );

@@ -42,7 +42,8 @@ pub(crate) struct LearnArgs {
     #[arg(long, default_value_t = 4)]
     pub(crate) clusters: usize,
     /// Policies to compare: kindred (the hub exchange), kindred-pairwise (the pairwise
-    /// exchange), kindred-pairwise-no-snapshots, gossip, allreduce, local, oracle, or a row of
+    /// exchange), kindred-pairwise-no-snapshots, kindred-plain-merge (the hub exchange with a
+    /// plain mean, as in the experiment's poisoning run), gossip, allreduce, local, oracle, or a row of
     /// `kindred-sim experiment` (topk8+allreduce, sign+allreduce, selective+allreduce,
     /// selective+gossip4).
     #[arg(
@@ -111,9 +112,25 @@ pub(crate) struct LearnArgs {
     /// uses every held-out digit).
     #[arg(long, default_value_t = 500)]
     pub(crate) eval_examples: usize,
-    /// Share of hostile nodes (scaled ×10, sign-flipped, or noise of the same norm, in turn).
+    /// Share of hostile nodes, each using one of --attacks in turn.
     #[arg(long, default_value_t = 0.0)]
     pub(crate) hostile: f64,
+    /// What hostile nodes do, assigned in turn: scale:F (update ×F), sign-flip, noise (of the
+    /// update's norm), inflate:F (claims MAX_SAMPLES training samples, update ×F; inflate is
+    /// ×1), inflate-noise (claims MAX_SAMPLES, sends noise), max-finite (the largest finite
+    /// values the wire admits), or `poisoning` for the experiment's poisoning run's list
+    /// (scale:10, sign-flip, noise, inflate:2, inflate-noise, max-finite).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "scale:10,sign-flip,noise"
+    )]
+    pub(crate) attacks: Vec<String>,
+    /// The robust merge caps each peer's claimed training samples at this multiple of the
+    /// median claim of the updates merged (default: kindred-distill's
+    /// `SynthConfig::max_samples_ratio`; `inf` turns the cap off).
+    #[arg(long)]
+    pub(crate) max_samples_ratio: Option<f32>,
     /// kindred-pairwise fetches one merged partner's model snapshot every this many rounds and
     /// moves part of the way toward it (default 2, as the node's pairwise exchange; 0: never).
     #[arg(long)]
@@ -207,6 +224,7 @@ impl LearnArgs {
                 "kindred" | "kindred-hub" => Ok(PolicySpec::kindred()),
                 "kindred-pairwise" => Ok(PolicySpec::kindred_pairwise()),
                 "kindred-pairwise-no-snapshots" => Ok(PolicySpec::kindred_pairwise_no_snapshots()),
+                "kindred-plain-merge" => Ok(PolicySpec::kindred_plain_merge()),
                 "gossip" => Ok(PolicySpec::gossip(c.top_m)),
                 "allreduce" => Ok(PolicySpec::allreduce()),
                 "local" => Ok(PolicySpec::local()),
@@ -224,7 +242,8 @@ impl LearnArgs {
                     .ok_or_else(|| {
                         anyhow::anyhow!(
                             "unknown policy {other:?} (kindred, kindred-pairwise, \
-                             kindred-pairwise-no-snapshots, gossip, allreduce, local, oracle, \
+                             kindred-pairwise-no-snapshots, kindred-plain-merge, gossip, \
+                             allreduce, local, oracle, \
                              topk8+allreduce, sign+allreduce, selective+allreduce, \
                              selective+gossip4)"
                         )
@@ -237,17 +256,38 @@ impl LearnArgs {
             if let Merge::Robust(sc) = &mut p.merge {
                 sc.min_cosine = self.min_cosine.unwrap_or(sc.min_cosine);
                 sc.noise_spreads = self.noise_spreads.unwrap_or(sc.noise_spreads);
-                sc.validate()
-                    .map_err(|e| anyhow::anyhow!("--min-cosine / --noise-spreads: {e}"))?;
+                sc.max_samples_ratio = self.max_samples_ratio.unwrap_or(sc.max_samples_ratio);
+                sc.validate().map_err(|e| {
+                    anyhow::anyhow!("--min-cosine / --noise-spreads / --max-samples-ratio: {e}")
+                })?;
             }
         }
         if self.hostile > 0.0 {
             c.hostile = Some(Hostile {
                 fraction: self.hostile,
-                attacks: vec![Attack::Scale(10.0), Attack::SignFlip, Attack::Noise],
+                attacks: self.attacks()?,
             });
         }
         Ok(c)
+    }
+
+    /// The attacks of `--attacks`, in order.
+    fn attacks(&self) -> anyhow::Result<Vec<Attack>> {
+        let mut attacks = Vec::new();
+        for name in &self.attacks {
+            if name == "poisoning" {
+                attacks.extend(Attack::poisoning());
+                continue;
+            }
+            attacks.push(Attack::parse(name).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "unknown attack {name:?} (scale:F, sign-flip, noise, inflate:F, \
+                     inflate-noise, max-finite, poisoning)"
+                )
+            })?);
+        }
+        anyhow::ensure!(!attacks.is_empty(), "--attacks needs at least one attack");
+        Ok(attacks)
     }
 
     /// Apply `--density` to every distilling policy and `--hub-density` to the hubs.
@@ -435,6 +475,11 @@ pub(crate) fn run(args: &LearnArgs) -> anyhow::Result<()> {
         "params": last.map_or(0, |r| r.params),
         "shard_size": last.map_or(0.0, |r| r.shard_size),
         "hostile": last.map_or(0, |r| r.hostile),
+        "attacks": if args.hostile > 0.0 {
+            args.attacks()?.into_iter().map(Attack::name).collect::<Vec<_>>()
+        } else {
+            Vec::new()
+        },
         "steps": args.train.steps,
         "seconds": last.map_or(0.0, |r| r.seconds),
         "peak_rss_mb": peak,

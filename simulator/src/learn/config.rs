@@ -3,8 +3,8 @@
 use kindred_distill::{
     AggregateCheck, EmbeddingConfig, MIN_GAIN_SHARE, Policy, PullConfig, SynthConfig,
 };
-use kindred_node::trainer::{Arch, Task, TrainConfig};
 use kindred_routing::{CosineGate, Discovery, KeyConfig};
+use kindred_trainer::{Arch, Task, TrainConfig};
 
 /// How tasks differ between nodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,7 +87,9 @@ pub enum Compression {
 /// How a node combines its own update with its partners'.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Merge {
-    /// Sample-weighted mean of everything (no checks).
+    /// Sample-weighted mean of everything, no norm or cosine checks; claimed samples are
+    /// bounded as every merge bounds them (`kindred_distill::cap_samples` at the default
+    /// `SynthConfig::max_samples_ratio`).
     Mean,
     /// `kindred_distill::synthesize`: norm clipping, cosine gate, similarity weights.
     Robust(SynthConfig),
@@ -307,7 +309,12 @@ impl PolicySpec {
     }
 }
 
-/// What a hostile node does to its update before sending it.
+/// What a hostile node does to its update before sending it, and what it claims.
+///
+/// A hostile node trains honestly; the attack changes what it sends (its update, the model
+/// snapshot it serves, and as a hub the merge it serves) and, for the inflating attacks, the
+/// training samples its signed headers claim. Names for the command line: [`Attack::name`],
+/// parsed back by [`Attack::parse`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Attack {
     /// Multiply by a factor.
@@ -316,6 +323,84 @@ pub enum Attack {
     SignFlip,
     /// Replace by Gaussian noise of the same norm.
     Noise,
+    /// Claim [`kindred_proto::MAX_SAMPLES`] training samples (the most a header may claim; a
+    /// claim of `u64::MAX` is refused on the wire or clamped to it by the merge), with the
+    /// update multiplied by the factor: 1 sends an honest update, 2 an honest-looking scaled
+    /// one, −1 a flipped one. The robust merge caps every claim
+    /// (`kindred_distill::SynthConfig::max_samples_ratio`).
+    InflateSamples(f32),
+    /// Claim [`kindred_proto::MAX_SAMPLES`] training samples with Gaussian noise of the
+    /// update's norm: a poisoned update that late in training passes a noise-level cosine gate,
+    /// with all the weight a claim can buy.
+    InflateNoise,
+    /// Send the largest finite values the wire admits: every dense f32 value ±`f32::MAX`,
+    /// f16 ±65504, every int8 value ±127 at the largest scale whose 127 steps stay finite,
+    /// sign layers at a scale of `f32::MAX` (receivers refuse non-finite values, not huge
+    /// ones). Signs follow the honest update, and the layer encodings and top-k indices are the
+    /// honest packet's, so the header and the body's size look honest.
+    MaxFinite,
+}
+
+impl Attack {
+    /// The attacks of the poisoning run of `kindred-sim experiment`, assigned to hostile nodes
+    /// in turn: ×10, sign flip, noise, an honest-looking ×2 update claiming `MAX_SAMPLES`,
+    /// noise claiming `MAX_SAMPLES`, and the largest finite values.
+    pub fn poisoning() -> Vec<Self> {
+        vec![
+            Self::Scale(10.0),
+            Self::SignFlip,
+            Self::Noise,
+            Self::InflateSamples(2.0),
+            Self::InflateNoise,
+            Self::MaxFinite,
+        ]
+    }
+
+    /// The training samples a hostile node's header claims when it trained on `trained`.
+    pub fn claim(self, trained: u64) -> u64 {
+        match self {
+            Self::InflateSamples(_) | Self::InflateNoise => kindred_proto::MAX_SAMPLES,
+            Self::Scale(_) | Self::SignFlip | Self::Noise | Self::MaxFinite => trained,
+        }
+    }
+
+    /// A short name: `scale:10`, `sign-flip`, `noise`, `inflate:2`, `inflate-noise`,
+    /// `max-finite`.
+    ///
+    /// ```
+    /// use kindred_simulator::learn::Attack;
+    /// for a in Attack::poisoning() {
+    ///     assert_eq!(Attack::parse(&a.name()), Some(a));
+    /// }
+    /// ```
+    pub fn name(self) -> String {
+        match self {
+            Self::Scale(f) => format!("scale:{f}"),
+            Self::SignFlip => "sign-flip".into(),
+            Self::Noise => "noise".into(),
+            Self::InflateSamples(f) => format!("inflate:{f}"),
+            Self::InflateNoise => "inflate-noise".into(),
+            Self::MaxFinite => "max-finite".into(),
+        }
+    }
+
+    /// Parse a [`Attack::name`]; `scale` alone is ×10 and `inflate` alone ×1. `None` for an
+    /// unknown name or a factor that is not a finite number.
+    pub fn parse(name: &str) -> Option<Self> {
+        let (kind, factor) = match name.split_once(':') {
+            Some((k, f)) => (k, Some(f.parse::<f32>().ok().filter(|f| f.is_finite())?)),
+            None => (name, None),
+        };
+        match (kind, factor) {
+            ("scale", f) => Some(Self::Scale(f.unwrap_or(10.0))),
+            ("inflate", f) => Some(Self::InflateSamples(f.unwrap_or(1.0))),
+            ("sign-flip", None) => Some(Self::SignFlip),
+            ("noise", None) => Some(Self::Noise),
+            ("inflate-noise", None) => Some(Self::InflateNoise),
+            ("max-finite", None) => Some(Self::MaxFinite),
+            _ => None,
+        }
+    }
 }
 
 /// Hostile nodes: a fraction of the nodes, each using one of the attacks (round-robin).

@@ -5,8 +5,11 @@
 //! Per round and policy:
 //!
 //! 1. **Train**: every node runs `TrainConfig::steps` SGD steps from its parameters on its shard
-//!    (`kindred_node::trainer::Model::train`); its update is the parameter change. Hostile nodes
-//!    then corrupt theirs.
+//!    (`kindred_trainer::Model::train`); its update is the parameter change. Hostile nodes
+//!    then corrupt theirs, and the inflating attacks claim `kindred_proto::MAX_SAMPLES` in
+//!    their headers ([`Attack`]); a node sending the largest finite values keeps its update
+//!    and rewrites its packet body instead (step 2). Every sample-weighted merge bounds claims
+//!    as the node does (`kindred_distill::cap_samples`).
 //! 2. **Pack**: with [`Compression::Distill`] each node's `kindred_distill::Distiller` (its own
 //!    error-feedback residual) turns the update into a packet body, an embedding and SimHash
 //!    margins; the packet is sealed with the node's ed25519 key (`kindred_proto::seal`) so its
@@ -41,11 +44,15 @@ mod hub;
 use std::time::Instant;
 
 use kindred_distill::{
-    Distiller, Embedder, Layout, UpdateRef, decode, pull, snapshot, snapshot_partner, synthesize,
+    Distiller, Embedder, Layout, SynthConfig, UpdateRef, cap_samples, decode, pull, snapshot,
+    snapshot_partner, synthesize,
 };
-use kindred_node::trainer::{Examples, Mnist, Model, ModelError, Split};
-use kindred_proto::{Embedding, HeaderFields, ModelSpec, SIMHASH_BITS, SimHash, seal};
+use kindred_proto::{
+    DenseValues, Embedding, HeaderFields, LayerPayload, ModelSpec, PacketBody, SIMHASH_BITS,
+    SignBits, SimHash, TopK, seal,
+};
 use kindred_routing::{Cohort, Follower, RoundPlan};
+use kindred_trainer::{Examples, Mnist, Model, ModelError, Split};
 use libp2p_identity::ed25519;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -64,7 +71,7 @@ const REQUEST_BYTES: f64 = 64.0;
 pub enum LearnError {
     /// MNIST could not be loaded.
     #[error("MNIST: {0}")]
-    Data(#[from] kindred_node::trainer::DataError),
+    Data(#[from] kindred_trainer::DataError),
     /// The model failed.
     #[error("model: {0}")]
     Model(#[from] ModelError),
@@ -309,11 +316,14 @@ fn prepare(cfg: &LearnConfig) -> Result<Data, LearnError> {
     })
 }
 
+/// What a hostile node sends in place of `update` (its update, or its cumulative update as a
+/// model snapshot). [`Attack::MaxFinite`] sends `±f32::MAX`, the largest the dense f32 wire
+/// admits; a distilled packet's body is rewritten by [`maximal`] instead.
 fn corrupt(update: &mut [f32], attack: Attack, seed: u64) {
     match attack {
-        Attack::Scale(f) => update.iter_mut().for_each(|x| *x *= f),
+        Attack::Scale(f) | Attack::InflateSamples(f) => update.iter_mut().for_each(|x| *x *= f),
         Attack::SignFlip => update.iter_mut().for_each(|x| *x = -*x),
-        Attack::Noise => {
+        Attack::Noise | Attack::InflateNoise => {
             let norm = update.iter().map(|x| x * x).sum::<f32>().sqrt();
             let mut rng = kindred_kernels::rng::SplitMix64::new(seed);
             update
@@ -322,7 +332,74 @@ fn corrupt(update: &mut [f32], attack: Attack, seed: u64) {
             let n2 = update.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
             update.iter_mut().for_each(|x| *x *= norm / n2);
         }
+        Attack::MaxFinite => update.iter_mut().for_each(|x| *x = f32::MAX.copysign(*x)),
     }
+}
+
+/// The largest int8 scale a receiver accepts: `127 · scale` must stay finite.
+fn max_int8_scale() -> f32 {
+    let mut s = f32::MAX / 127.0;
+    while !(s * 127.0).is_finite() {
+        s = f32::from_bits(s.to_bits() - 1);
+    }
+    s
+}
+
+/// `body` with every value at the largest magnitude its encoding can carry and a receiver
+/// still decodes ([`Attack::MaxFinite`]): same layers, encodings and top-k indices, signs kept.
+fn maximal(body: &PacketBody) -> PacketBody {
+    let scale = max_int8_scale();
+    let int8 =
+        |v: &[i8]| -> Vec<i8> { v.iter().map(|&q| if q < 0 { -127 } else { 127 }).collect() };
+    let layers = body
+        .layers
+        .iter()
+        .map(|layer| match layer {
+            LayerPayload::Dense(DenseValues::F32(v)) => LayerPayload::Dense(DenseValues::F32(
+                v.iter().map(|x| f32::MAX.copysign(*x)).collect(),
+            )),
+            LayerPayload::Dense(DenseValues::F16(v)) => LayerPayload::Dense(DenseValues::F16(
+                v.iter()
+                    .map(|x| {
+                        if x.is_sign_negative() {
+                            -half::f16::MAX
+                        } else {
+                            half::f16::MAX
+                        }
+                    })
+                    .collect(),
+            )),
+            LayerPayload::Dense(DenseValues::BF16(v)) => LayerPayload::Dense(DenseValues::BF16(
+                v.iter()
+                    .map(|x| {
+                        if x.is_sign_negative() {
+                            -half::bf16::MAX
+                        } else {
+                            half::bf16::MAX
+                        }
+                    })
+                    .collect(),
+            )),
+            LayerPayload::Dense(DenseValues::Int8 { values, .. }) => {
+                LayerPayload::Dense(DenseValues::Int8 {
+                    values: int8(values),
+                    scale,
+                })
+            }
+            LayerPayload::TopK(t) => LayerPayload::TopK(TopK {
+                len: t.len,
+                indices: t.indices.clone(),
+                values: int8(&t.values),
+                scale,
+            }),
+            LayerPayload::Sign(b) => LayerPayload::Sign(SignBits {
+                len: b.len,
+                words: b.words.clone(),
+                scale: f32::MAX,
+            }),
+        })
+        .collect();
+    PacketBody { layers }
 }
 
 /// Run a learning experiment.
@@ -604,11 +681,32 @@ fn step(
                 for (d, q) in delta.iter_mut().zip(p) {
                     *d -= q;
                 }
-                if let Some(Some(attack)) = data.hostile.get(i) {
-                    corrupt(&mut delta, *attack, node_word(cfg.seed, 0xBAD, r64, i));
+                if delta.iter().any(|x| !x.is_finite()) {
+                    // A model broken by what it applied (only a merge without the robust rules
+                    // lets a huge update in) trains to NaN: the node has no update this round,
+                    // as a node's distiller refuses a non-finite one.
+                    tracing::debug!(round, node = i, "non-finite update: none sent");
+                    delta.iter_mut().for_each(|x| *x = 0.0);
                 }
-                let loss = if st.loss.is_finite() { st.loss } else { 0.0 };
-                Ok((delta, loss, st.samples))
+                let attack = data.hostile.get(i).copied().flatten();
+                // A node sending the largest finite values keeps its own update (and model)
+                // honest: what it sends is rewritten when it is packed.
+                if let Some(a) = attack.filter(|&a| a != Attack::MaxFinite) {
+                    corrupt(&mut delta, a, node_word(cfg.seed, 0xBAD, r64, i));
+                }
+                // Headers carry at most `MAX_ABS_LOSS` (receivers refuse more): a model broken by
+                // a merge without the robust rules reports that much.
+                let loss = if st.loss.is_finite() {
+                    st.loss
+                        .clamp(-kindred_proto::MAX_ABS_LOSS, kindred_proto::MAX_ABS_LOSS)
+                } else {
+                    0.0
+                };
+                Ok((
+                    delta,
+                    loss,
+                    attack.map_or(st.samples, |a| a.claim(st.samples)),
+                ))
             },
         )
         .collect::<Result<_, _>>()?;
@@ -657,6 +755,7 @@ fn step(
         })
     };
     let dense_bytes = 4 * layout.len();
+    let maximal_attack = |i: usize| data.hostile.get(i) == Some(&Some(Attack::MaxFinite));
     let packed: Vec<Packed> = match &state.spec.compression {
         Compression::Full => own
             .par_iter()
@@ -668,8 +767,13 @@ fn step(
                 } else {
                     (Embedding::default(), [0.0; SIMHASH_BITS])
                 };
+                let sent = maximal_attack(i).then(|| {
+                    let mut m = delta.clone();
+                    corrupt(&mut m, Attack::MaxFinite, 0);
+                    m
+                });
                 Ok(Packed {
-                    sent: None,
+                    sent,
                     embedding,
                     margins,
                     header_bytes: 0,
@@ -683,7 +787,10 @@ fn step(
             .zip(own.par_iter())
             .enumerate()
             .map(|(i, (d, delta))| -> Result<Packed, LearnError> {
-                let out = d.distill(delta)?;
+                let mut out = d.distill(delta)?;
+                if maximal_attack(i) {
+                    out.body = maximal(&out.body);
+                }
                 let keyed = d.embed(&cumulative(i, delta))?;
                 let key = keys
                     .get(i)
@@ -876,8 +983,12 @@ fn step(
             if let Some(a) = &m.adopt {
                 p.clone_from(a);
             }
-            for (x, u) in p.iter_mut().zip(&m.update) {
-                *x += u;
+            // As `Model::apply_update`: an update that would make a parameter non-finite is
+            // not applied (only a merge without the robust rules lets one in).
+            if p.iter().zip(&m.update).all(|(x, u)| (x + u).is_finite()) {
+                for (x, u) in p.iter_mut().zip(&m.update) {
+                    *x += u;
+                }
             }
         });
     let (snapshot_total, pulls_clipped) = match state.spec.consensus {
@@ -1105,14 +1216,16 @@ fn group_means<'a>(
         .into_par_iter()
         .map(|grp| {
             let members: Vec<usize> = (0..n).filter(|&i| groups.get(i) == Some(&grp)).collect();
-            let total: f64 = members
+            // Claimed counts, bounded as every merge bounds them (`cap_samples`).
+            let claims: Vec<u64> = members
                 .iter()
-                .map(|&i| samples.get(i).copied().unwrap_or(0) as f64)
-                .sum::<f64>()
-                .max(1.0);
+                .map(|&i| samples.get(i).copied().unwrap_or(0))
+                .collect();
+            let weights = cap_samples(&claims, SynthConfig::default().max_samples_ratio);
+            let total: f64 = weights.iter().sum::<f64>().max(1.0);
             let mut acc = vec![0f64; len];
-            for &i in &members {
-                let w = samples.get(i).copied().unwrap_or(0) as f64 / total;
+            for (&i, &w) in members.iter().zip(&weights) {
+                let w = w / total;
                 for (a, &x) in acc.iter_mut().zip(sent(i)) {
                     *a += w * f64::from(x);
                 }
@@ -1177,14 +1290,18 @@ fn merge_with<'a>(
     };
     let (update, accepted, rejected) = match spec.merge {
         Merge::Mean => {
-            let total = own_samples as f64 + refs.iter().map(|r| r.samples as f64).sum::<f64>();
-            let mut acc: Vec<f64> = own
-                .iter()
-                .map(|&x| f64::from(x) * own_samples as f64)
+            // Claims weigh as in the robust merge (`cap_samples`, the own claim uncapped): the
+            // plain mean drops the norm and cosine rules, not the bound on claims.
+            let claims: Vec<u64> = std::iter::once(own_samples)
+                .chain(refs.iter().map(|r| r.samples))
                 .collect();
-            for r in &refs {
+            let weights = cap_samples(&claims, SynthConfig::default().max_samples_ratio);
+            let own_w = own_samples.clamp(1, kindred_proto::MAX_SAMPLES) as f64;
+            let total = own_w + weights.iter().skip(1).sum::<f64>();
+            let mut acc: Vec<f64> = own.iter().map(|&x| f64::from(x) * own_w).collect();
+            for (r, &w) in refs.iter().zip(weights.iter().skip(1)) {
                 for (a, &x) in acc.iter_mut().zip(r.update) {
-                    *a += f64::from(x) * r.samples as f64;
+                    *a += f64::from(x) * w;
                 }
             }
             let update = acc
@@ -1220,7 +1337,7 @@ fn merge_with<'a>(
 mod tests {
     use super::*;
     use crate::learn::{Attack, Hostile, Setting};
-    use kindred_node::trainer::TrainConfig;
+    use kindred_trainer::TrainConfig;
 
     fn quiet(_: &str, _: u64, _: u64) {}
 
@@ -1546,5 +1663,175 @@ mod tests {
         assert!(r.hostile > 0);
         let rejected: f64 = r.policies[0].rounds.iter().map(|s| s.rejected).sum();
         assert!(rejected > 0.0, "robust merge rejects corrupted updates");
+    }
+
+    /// A body with every payload kind the wire has, for a 4-layer spec of 8 values each.
+    fn every_payload() -> (ModelSpec, PacketBody) {
+        use kindred_proto::{DType, LayerSpec};
+        let spec = ModelSpec::new(
+            ["dense32", "dense16", "int8", "topk", "sign"]
+                .iter()
+                .map(|n| LayerSpec::new(*n, [8], DType::F32))
+                .collect(),
+        )
+        .unwrap();
+        let v = [0.5f32, -0.25, 0.0, 1.0, -1.0, 0.125, -0.5, 2.0];
+        let body = PacketBody {
+            layers: vec![
+                LayerPayload::Dense(DenseValues::F32(v.to_vec())),
+                LayerPayload::Dense(DenseValues::F16(
+                    v.iter().map(|&x| half::f16::from_f32(x)).collect(),
+                )),
+                LayerPayload::Dense(DenseValues::Int8 {
+                    values: vec![1, -2, 3, -4, 5, -6, 7, -8],
+                    scale: 0.01,
+                }),
+                LayerPayload::TopK(TopK {
+                    len: 8,
+                    indices: vec![1, 5],
+                    values: vec![-100, 20],
+                    scale: 0.01,
+                }),
+                LayerPayload::Sign(SignBits {
+                    len: 8,
+                    words: vec![0b1010_0101],
+                    scale: 0.3,
+                }),
+            ],
+        };
+        (spec, body)
+    }
+
+    #[test]
+    fn maximal_bodies_pass_every_check_at_the_largest_values() {
+        let (spec, body) = every_payload();
+        let big = maximal(&body);
+        // A receiver accepts it: sealed (a claim of MAX_SAMPLES), verified, decoded.
+        let key = ed25519::Keypair::generate();
+        let sealed = seal(
+            &key,
+            &spec,
+            HeaderFields {
+                round: 1,
+                unix_ms: 0,
+                samples: kindred_proto::MAX_SAMPLES,
+                loss: 0.5,
+                embedding: Embedding::default(),
+            },
+            &big,
+        )
+        .unwrap();
+        let header = kindred_proto::decode_header(&sealed.header_bytes).unwrap();
+        assert_eq!(header.header().samples, kindred_proto::MAX_SAMPLES);
+        let received =
+            kindred_proto::decode_body(header.header(), &spec, &sealed.body_bytes).unwrap();
+        let dense = decode(&received, &spec).unwrap();
+        assert!(dense.iter().all(|x| x.is_finite()));
+        let layer = |k: usize| &dense[8 * k..8 * (k + 1)];
+        // Same signs, top-k support and sign bits as the honest body; every value maximal.
+        let honest = decode(&body, &spec).unwrap();
+        for (x, h) in dense.iter().zip(&honest) {
+            assert!(*h == 0.0 || x.signum() == h.signum(), "{x} for {h}");
+        }
+        assert!(layer(0).iter().all(|x| x.abs() == f32::MAX));
+        assert!(layer(1).iter().all(|x| x.abs() == 65504.0));
+        assert!(layer(2).iter().all(|x| x.abs() > 3.0e38));
+        assert_eq!(layer(3).iter().filter(|x| x.abs() > 3.0e38).count(), 2);
+        assert!(layer(4).iter().all(|x| x.abs() == f32::MAX));
+        // One step larger and a receiver refuses the int8 scale.
+        let s = max_int8_scale();
+        assert!((s * 127.0).is_finite());
+        assert!(!(f32::from_bits(s.to_bits() + 1) * 127.0).is_finite());
+    }
+
+    /// Node 0's own update and three peers', each along its own axis (so the merge's value on
+    /// axis `k` is update `k`'s weight), the last claiming `claim` samples.
+    fn weights_with_liar(merge: Merge, partners: Partners, claim: u64) -> Vec<f32> {
+        let updates: Vec<Vec<f32>> = (0..4)
+            .map(|k| (0..4).map(|j| if j == k { 1.0 } else { 0.0 }).collect())
+            .collect();
+        let samples = [100, 100, 100, claim];
+        let packed: Vec<Packed> = (0..4)
+            .map(|_| Packed {
+                sent: None,
+                embedding: Embedding::default(),
+                margins: [0.0; SIMHASH_BITS],
+                header_bytes: 0,
+                body_bytes: 0,
+            })
+            .collect();
+        let sent = |i: usize| -> &[f32] { &updates[i] };
+        if partners == Partners::AllReduce {
+            return group_means(&sent, 4, &samples, &[0; 4], 4).remove(0);
+        }
+        let spec = PolicySpec {
+            merge,
+            ..PolicySpec::kindred()
+        };
+        let ex = Exchange {
+            packed: &packed,
+            sent: &sent,
+            samples: &samples,
+        };
+        merge_with(&spec, 0, &[1, 2, 3], &updates[0], &ex, 3)
+            .unwrap()
+            .update
+    }
+
+    #[test]
+    fn every_merge_path_caps_an_inflated_claim() {
+        let ratio = SynthConfig::default().max_samples_ratio;
+        // Claims 100, 100, 100 and a liar's: it weighs `ratio` claims of 100.
+        let cap = ratio / (3.0 + ratio);
+        for claim in [u64::MAX, kindred_proto::MAX_SAMPLES, 10_000] {
+            for (merge, partners) in [
+                (Merge::Robust(SynthConfig::default()), Partners::Hub),
+                (Merge::Mean, Partners::Hub),
+                (Merge::Mean, Partners::AllReduce),
+            ] {
+                let w = weights_with_liar(merge, partners, claim);
+                assert!((w[3] - cap).abs() < 1e-6, "{merge:?} {partners:?}: {w:?}");
+                assert!((w[0] - 1.0 / (3.0 + ratio)).abs() < 1e-6, "{w:?}");
+            }
+        }
+        // Equal honest claims: an equal mean.
+        let w = weights_with_liar(Merge::Mean, Partners::Hub, 100);
+        assert!(w.iter().all(|&x| (x - 0.25).abs() < 1e-6), "{w:?}");
+    }
+
+    #[test]
+    fn inflated_and_maximal_attacks_run_under_every_merge() {
+        let mut cfg = small();
+        cfg.policies = vec![
+            PolicySpec::kindred(),
+            PolicySpec::kindred_plain_merge(),
+            PolicySpec::gossip(3),
+            PolicySpec::allreduce(),
+        ];
+        cfg.hostile = Some(Hostile {
+            fraction: 0.3,
+            attacks: vec![
+                Attack::MaxFinite,
+                Attack::InflateSamples(2.0),
+                Attack::InflateNoise,
+            ],
+        });
+        let r = run(&cfg, &quiet).unwrap();
+        assert!(r.hostile >= 3, "{}", r.hostile);
+        for p in &r.policies {
+            assert!(p.final_accuracy.is_finite(), "{}", p.name);
+        }
+        let acc = |name: &str| {
+            r.policies
+                .iter()
+                .find(|p| p.name == name)
+                .map_or(f64::NAN, |p| p.final_accuracy)
+        };
+        // The largest finite values take a mean over every node (all-reduce) to chance; the
+        // robust pairwise merge rejects them by norm.
+        assert!(acc("allreduce") < 0.2, "{}", acc("allreduce"));
+        assert!(acc("gossip") > 0.3, "{}", acc("gossip"));
+        let rejected: f64 = r.policies[2].rounds.iter().map(|s| s.rejected).sum();
+        assert!(rejected > 0.0);
     }
 }

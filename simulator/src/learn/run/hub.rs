@@ -47,17 +47,17 @@ use kindred_distill::{
     AggregateRejection, ShardScores, check_adoption, check_aggregate, check_by_data, decode,
     snapshot,
 };
-use kindred_node::trainer::Model;
 use kindred_proto::{HeaderFields, SIMHASH_BITS, SimHash, seal};
 use kindred_routing::Cohort;
+use kindred_trainer::{Model, ModelError};
 use libp2p_identity::ed25519;
 use rayon::prelude::*;
 
 use super::{
-    Data, Exchange, LearnError, Merged, Packed, REQUEST_BYTES, State, corrupt, merge_with,
+    Data, Exchange, LearnError, Merged, Packed, REQUEST_BYTES, State, corrupt, maximal, merge_with,
     node_word,
 };
-use crate::learn::config::LearnConfig;
+use crate::learn::config::{Attack, LearnConfig};
 use crate::routing::overlay::{Overlay, Search};
 
 /// Bytes of one peer entry in a hub's answer.
@@ -325,7 +325,15 @@ pub(super) fn exchange(
                 );
                 return Ok(Some(HubMerge::unserved(admitted)));
             }
-            let out = distiller.distill(&merged)?;
+            let out = match distiller.distill(&merged) {
+                Ok(out) => out,
+                // Only a merge without the robust rules gets values a distiller refuses in (the
+                // largest finite ones, summed): the hub has nothing to serve this round.
+                Err(e) => {
+                    tracing::debug!(round = r.round, hub = h, %e, "hub cannot distill its merge");
+                    return Ok(Some(HubMerge::unserved(Vec::new())));
+                }
+            };
             let key = keys
                 .get(h)
                 .ok_or_else(|| LearnError::Config("no key".into()))?;
@@ -347,12 +355,16 @@ pub(super) fn exchange(
             )?;
             let clean = decode(&out.body, distiller.spec())?;
             let mut served = clean.clone();
-            if let Some(Some(attack)) = data.hostile.get(h) {
-                corrupt(
+            match data.hostile.get(h) {
+                Some(Some(Attack::MaxFinite)) => {
+                    served = decode(&maximal(&out.body), distiller.spec())?;
+                }
+                Some(Some(attack)) => corrupt(
                     &mut served,
                     *attack,
                     node_word(cfg.seed, 0x4B_BAD, r.round, h),
-                );
+                ),
+                _ => {}
             }
             Ok(Some(HubMerge {
                 admitted,
@@ -692,7 +704,12 @@ fn data_refuses(
         .ok_or_else(|| LearnError::Config("no shard".into()))?;
     let mut m = Model::new(cfg.arch, 0)?;
     let mut accuracy = |params: &[f32]| -> Result<f32, LearnError> {
-        m.set_params(params)?;
+        match m.set_params(params) {
+            // A model that is not finite (a merge without the robust rules of the largest
+            // finite values, overflowed) scores nothing: `check_by_data` refuses it.
+            Err(ModelError::NonFinite) => return Ok(f32::NAN),
+            other => other?,
+        }
         Ok(m.accuracy(shard)?)
     };
     let scores = ShardScores {
