@@ -142,17 +142,25 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
         });
     }
 
-    /// The hub serves its merge to its admitted members, with its view, and learns theirs.
-    pub(super) fn serve(&mut self, merge: M) {
-        let own = self.view.own().clone();
-        let Some(r) = self.round.as_mut() else { return };
+    /// The round's number and the pushes the hub admitted, taken out of a merging round (`None`
+    /// in any other step).
+    fn take_admitted(&mut self) -> Option<(u64, Vec<PushIn<P, M>>)> {
+        let r = self.round.as_mut()?;
         let admitted = match &mut r.step {
             Step::Merging { admitted, .. } | Step::CheckOwn { admitted, .. } => {
                 std::mem::take(admitted)
             }
-            _ => return,
+            _ => return None,
         };
-        let round = r.number;
+        Some((r.number, admitted))
+    }
+
+    /// The hub serves its merge to its admitted members, with its view, and learns theirs.
+    pub(super) fn serve(&mut self, merge: M) {
+        let own = self.view.own().clone();
+        let Some((round, admitted)) = self.take_admitted() else {
+            return;
+        };
         // Views spread both ways: the hub learns its members and the peers they know, so a
         // connected cohort ends with one hub.
         let nearest = admitted.first().map_or(f32::NEG_INFINITY, |p| p.cosine);
@@ -177,14 +185,9 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
     /// The hub's own data refused its merge: it heads another task's cohort. It serves nobody,
     /// and it and its pushers forget each other.
     pub(super) fn hub_refused_merge(&mut self) {
-        let Some(r) = self.round.as_mut() else { return };
-        let admitted = match &mut r.step {
-            Step::Merging { admitted, .. } | Step::CheckOwn { admitted, .. } => {
-                std::mem::take(admitted)
-            }
-            _ => return,
+        let Some((round, admitted)) = self.take_admitted() else {
+            return;
         };
-        let round = r.number;
         tracing::debug!(round, "exchange: hub's data refuses its merge");
         for p in admitted {
             self.refuse(&p.from);
