@@ -23,6 +23,21 @@ fn finished(outputs: &[Output<u32, &'static str>]) -> Option<RoundReport<u32, &'
 }
 
 /// Starts round `round` (deadline 1 s later) with packet `packet` at a node that knows `hub`.
+/// A round-0 push from `(peer, rank)` that knows no other peer.
+fn push(node: &mut Node, now: Millis, (from, rank): (u32, u64), packet: &'static str, cosine: f32) {
+    node.handle(
+        now,
+        Input::PushReceived {
+            from,
+            rank,
+            round: 0,
+            packet,
+            cosine,
+            known: Vec::new(),
+        },
+    );
+}
+
 fn start(node: &mut Node, round: u64, packet: &'static str) -> Vec<Output<u32, &'static str>> {
     let t = Millis(round * 1_000);
     node.handle(
@@ -46,17 +61,7 @@ fn a_local_round_applies_the_own_update_and_answers_pushes_busy() {
             deadline: Millis(1_000),
         },
     );
-    node.handle(
-        Millis(1),
-        Input::PushReceived {
-            from: 2,
-            rank: 20,
-            round: 0,
-            packet: "p2",
-            cosine: 0.99,
-            known: Vec::new(),
-        },
-    );
+    push(&mut node, Millis(1), (2, 20), "p2", 0.99);
     assert!(matches!(
         drain(&mut node).as_slice(),
         [Output::Answer {
@@ -277,17 +282,7 @@ fn a_hub_refuses_what_its_gate_does_not_admit_and_a_non_hub_names_its_hub() {
         [Output::FetchModel { hub: 0, .. }]
     ));
     // A push to a node that is not its own hub is answered with its hub.
-    hub.handle(
-        Millis(10),
-        Input::PushReceived {
-            from: 7,
-            rank: 70,
-            round: 0,
-            packet: "p7",
-            cosine: 0.2,
-            known: Vec::new(),
-        },
-    );
+    push(&mut hub, Millis(10), (7, 70), "p7", 0.2);
     assert!(matches!(
         drain(&mut hub).as_slice(),
         [Output::Answer {
@@ -307,17 +302,7 @@ fn a_hub_refuses_what_its_gate_does_not_admit_and_a_non_hub_names_its_hub() {
         },
     );
     for (from, cosine) in [(7, 0.2), (8, 0.98), (9, 0.97)] {
-        alone.handle(
-            Millis(10),
-            Input::PushReceived {
-                from,
-                rank: 70,
-                round: 0,
-                packet: "p",
-                cosine,
-                known: Vec::new(),
-            },
-        );
+        push(&mut alone, Millis(10), (from, 70), "p", cosine);
     }
     let _ = drain(&mut alone);
     alone.handle_timeout(Millis(600));

@@ -345,6 +345,17 @@ fn max_int8_scale() -> f32 {
     s
 }
 
+/// `max` with the sign of each value of `v`.
+fn signed_max<T: Copy + std::ops::Neg<Output = T>>(
+    v: &[T],
+    max: T,
+    negative: impl Fn(&T) -> bool,
+) -> Vec<T> {
+    v.iter()
+        .map(|x| if negative(x) { -max } else { max })
+        .collect()
+}
+
 /// `body` with every value at the largest magnitude its encoding can carry and a receiver
 /// still decodes ([`Attack::MaxFinite`]): same layers, encodings and top-k indices, signs kept.
 fn maximal(body: &PacketBody) -> PacketBody {
@@ -355,31 +366,21 @@ fn maximal(body: &PacketBody) -> PacketBody {
         .layers
         .iter()
         .map(|layer| match layer {
-            LayerPayload::Dense(DenseValues::F32(v)) => LayerPayload::Dense(DenseValues::F32(
-                v.iter().map(|x| f32::MAX.copysign(*x)).collect(),
-            )),
-            LayerPayload::Dense(DenseValues::F16(v)) => LayerPayload::Dense(DenseValues::F16(
-                v.iter()
-                    .map(|x| {
-                        if x.is_sign_negative() {
-                            -half::f16::MAX
-                        } else {
-                            half::f16::MAX
-                        }
-                    })
-                    .collect(),
-            )),
-            LayerPayload::Dense(DenseValues::BF16(v)) => LayerPayload::Dense(DenseValues::BF16(
-                v.iter()
-                    .map(|x| {
-                        if x.is_sign_negative() {
-                            -half::bf16::MAX
-                        } else {
-                            half::bf16::MAX
-                        }
-                    })
-                    .collect(),
-            )),
+            LayerPayload::Dense(DenseValues::F32(v)) => {
+                LayerPayload::Dense(DenseValues::F32(signed_max(v, f32::MAX, |x| {
+                    x.is_sign_negative()
+                })))
+            }
+            LayerPayload::Dense(DenseValues::F16(v)) => {
+                LayerPayload::Dense(DenseValues::F16(signed_max(v, half::f16::MAX, |x| {
+                    x.is_sign_negative()
+                })))
+            }
+            LayerPayload::Dense(DenseValues::BF16(v)) => {
+                LayerPayload::Dense(DenseValues::BF16(signed_max(v, half::bf16::MAX, |x| {
+                    x.is_sign_negative()
+                })))
+            }
             LayerPayload::Dense(DenseValues::Int8 { values, .. }) => {
                 LayerPayload::Dense(DenseValues::Int8 {
                     values: int8(values),
