@@ -186,6 +186,8 @@ impl Collector for RoutingSnapshot {
                 ("headers", &m.headers),
                 ("body", &m.body),
                 ("snapshot", &m.snapshot),
+                ("push", &m.push),
+                ("merge", &m.merge),
             ] {
                 for (direction, message, t) in traffic(k) {
                     let labels = [
@@ -275,6 +277,8 @@ mod tests {
             .inc_by(7);
         let mut r = RoutingMetrics::default();
         r.body.responses_sent.bytes = 12345;
+        r.push.requests_received.messages = 4;
+        r.merge.requests_sent.messages = 2;
         r.rejects.insert("bad_signature", 3);
         r.wire_bytes_out = 777;
         m.set_routing(r);
@@ -292,6 +296,18 @@ mod tests {
         assert!(
             text.contains(
                 r#"kindred_rpc_bytes_total{kind="body",direction="out",message="response"} 12345"#
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                r#"kindred_rpc_messages_total{kind="push",direction="in",message="request"} 4"#
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                r#"kindred_rpc_messages_total{kind="merge",direction="out",message="request"} 2"#
             ),
             "{text}"
         );

@@ -1,5 +1,5 @@
 //! Request/response messages peers exchange to fetch packets: `GetHeaders` and `GetBody`, and
-//! `GetSnapshot` for a peer's whole model.
+//! `GetSnapshot` for a peer's whole model; `Push` and `GetMerge` for the hub exchange.
 //!
 //! Routing finds *which* peers hold similar updates; these two messages then move the packets.
 //! A node asks a provider for the headers it announced under some semantic keys (or for headers
@@ -11,6 +11,16 @@
 //! [`crate::seal_snapshot`]): a node that merged the peer's update moves part of the way toward
 //! its model, so that nodes' models do not drift apart (see `kindred_distill::pull`).
 //!
+//! The hub exchange has members push their packet to a hub ([`RpcRequest::Push`]), which answers
+//! at once ([`RpcResponse::PushAnswer`]) and later serves one merged update to each member that
+//! asks for it ([`RpcRequest::GetMerge`], answered by [`RpcResponse::Merge`]): a merge can take
+//! longer than one request's timeout, so it is fetched, not awaited. A member that joins a hub
+//! fetches the hub's model with `GetSnapshot`. Peer lists in these messages (`known`, `listed`)
+//! and a redirect's hub are encoded `PeerId` bytes, opaque here like headers: the receiver parses
+//! them (`PeerId::from_bytes`), and this module only bounds their number and length
+//! ([`MAX_KNOWN_PEERS`], [`MAX_PEER_ID_BYTES`]). A push carries a whole packet body, so it is
+//! the one request allowed past [`MAX_REQUEST_BYTES`] (up to [`MAX_PUSH_REQUEST_BYTES`]).
+//!
 //! Like the packet codec, decoding treats the bytes as hostile. Postcard first parses the message
 //! into wire types that only *borrow* the input, so no claimed length can make the decoder
 //! allocate; each list's length is then compared with its limit (the constants below) before any
@@ -21,7 +31,9 @@
 //! - a request is `postcard(WireRequest)`; key and id lists are packed runs of 32-byte values;
 //! - a response is `postcard(WireResponse)`, and a `Headers` response is followed by `count`
 //!   postcard byte strings (varint length ‖ bytes), byte-identical to postcard's encoding of a
-//!   struct ending in a `Vec<&[u8]>`.
+//!   struct ending in a `Vec<&[u8]>`;
+//! - a `Push` request and a `Merge` response end the same way: their peer list is a `count`
+//!   followed by `count` postcard byte strings, each checked as it is read.
 //!
 //! ```
 //! use kindred_proto::rpc::*;
@@ -45,6 +57,7 @@ use std::borrow::Cow;
 use serde::{Deserialize, Serialize};
 
 use crate::header::PacketId;
+pub use crate::limits::MAX_PEER_ID_BYTES;
 use crate::limits::{MAX_BODY_BYTES, MAX_HEADER_BYTES};
 
 /// Most keys or packet ids one `GetHeaders` request may name.
@@ -56,9 +69,34 @@ pub const MAX_QUERY_ITEMS: usize = 256;
 /// Most headers one `Headers` response may carry.
 pub const MAX_HEADERS_PER_RESPONSE: usize = 64;
 
-/// Largest encoded request accepted (bytes). The biggest valid request (a full key list) is
-/// 8,205 bytes.
+/// Most peers one `Push` (`known`) or `Merge` (`listed`) may name.
+///
+/// A cohort view is a few dozen peers; this is headroom, and what bounds the list's memory
+/// before it is read (each entry at most [`MAX_PEER_ID_BYTES`]).
+pub const MAX_KNOWN_PEERS: usize = 1024;
+
+/// Largest encoded request accepted (bytes), a `Push` excepted. The biggest valid request of
+/// another kind (a full key list) is 8,205 bytes.
+///
+/// [`RpcRequest::decode`] takes up to [`MAX_PUSH_REQUEST_BYTES`] and, once the message's tag is
+/// read, refuses anything but a push that is longer than this (`Oversize` "request"). Readers
+/// that do not take pushes (the routing codec today) should keep their frame limit at this.
 pub const MAX_REQUEST_BYTES: usize = 16 * 1024;
+
+/// Bytes of framing a `Push` or `Merge` adds to its header, body and peer list, rounded up: tag,
+/// id and round varints (10 bytes each at most), and the header, body and list length varints.
+const PACKET_FRAMING: usize = 32;
+
+/// Encoded bytes of a full peer list: each entry is a one-byte length and at most
+/// [`MAX_PEER_ID_BYTES`]; the count's varint is in [`PACKET_FRAMING`].
+const MAX_PEER_LIST_BYTES: usize = MAX_KNOWN_PEERS * (MAX_PEER_ID_BYTES + 1);
+
+/// Largest encoded `Push` request accepted (bytes): the largest header and body, a full
+/// `known` list, and their framing. The only request allowed past [`MAX_REQUEST_BYTES`]:
+/// [`RpcRequest::decode`] accepts this many bytes overall and refuses any other kind of request
+/// over [`MAX_REQUEST_BYTES`].
+pub const MAX_PUSH_REQUEST_BYTES: usize =
+    MAX_HEADER_BYTES + MAX_BODY_BYTES + MAX_PEER_LIST_BYTES + PACKET_FRAMING;
 
 /// Largest encoded `Headers` response accepted (bytes): a full list of maximum-size headers plus
 /// its framing.
@@ -72,8 +110,28 @@ pub const MAX_BODY_RESPONSE_BYTES: usize = MAX_BODY_BYTES + 32;
 /// their framing.
 pub const MAX_SNAPSHOT_RESPONSE_BYTES: usize = MAX_HEADER_BYTES + MAX_BODY_BYTES + 32;
 
-/// Largest encoded response of any kind (bytes).
-pub const MAX_RESPONSE_BYTES: usize = MAX_SNAPSHOT_RESPONSE_BYTES;
+/// Largest encoded `PushAnswer` response accepted (bytes): a redirect naming the longest peer id,
+/// plus its framing. An `Error` answer to a push is smaller.
+pub const MAX_PUSH_ANSWER_BYTES: usize = MAX_PEER_ID_BYTES + 32;
+
+/// Largest encoded `Merge` response accepted (bytes): the largest header and body, a full
+/// `listed` list, and their framing.
+pub const MAX_MERGE_RESPONSE_BYTES: usize =
+    MAX_HEADER_BYTES + MAX_BODY_BYTES + MAX_PEER_LIST_BYTES + PACKET_FRAMING;
+
+/// Largest encoded response of any kind (bytes): the largest of the per-kind limits.
+pub const MAX_RESPONSE_BYTES: usize = max(
+    max(MAX_HEADERS_RESPONSE_BYTES, MAX_BODY_RESPONSE_BYTES),
+    max(
+        MAX_SNAPSHOT_RESPONSE_BYTES,
+        max(MAX_PUSH_ANSWER_BYTES, MAX_MERGE_RESPONSE_BYTES),
+    ),
+);
+
+/// `usize::max` for constants.
+const fn max(a: usize, b: usize) -> usize {
+    if a > b { a } else { b }
+}
 
 const KEY_LEN: usize = 32;
 
@@ -136,6 +194,32 @@ pub enum RpcRequest {
         /// Echoed by the response.
         id: RequestId,
     },
+    /// A member's push to its hub: its packet for `round` and the peers of its cohort view.
+    /// Answered at once by [`RpcResponse::PushAnswer`].
+    Push {
+        /// Echoed by the response.
+        id: RequestId,
+        /// The exchange round the packet is for.
+        round: u64,
+        /// The member's sealed packet header (at most [`MAX_HEADER_BYTES`]); verify with
+        /// [`crate::decode_header`].
+        header: Vec<u8>,
+        /// The packet's encoded body (at most [`MAX_BODY_BYTES`]); verify with
+        /// [`crate::decode_body`] against its header.
+        body: Vec<u8>,
+        /// The peers of the member's cohort view, each an encoded `PeerId` (non-empty, at most
+        /// [`MAX_PEER_ID_BYTES`]); at most [`MAX_KNOWN_PEERS`] of them.
+        known: Vec<Vec<u8>>,
+    },
+    /// Ask a hub for its merge of `round` (a merge can take longer than one request's
+    /// timeout, so members fetch it). Answered by [`RpcResponse::Merge`] or
+    /// [`RpcResponse::Error`].
+    GetMerge {
+        /// Echoed by the response.
+        id: RequestId,
+        /// The round whose merge is wanted.
+        round: u64,
+    },
 }
 
 /// Why the responder could not answer a request.
@@ -146,6 +230,27 @@ pub enum RpcErrorCode {
     NotFound,
     /// The responder refuses to serve this peer now (rate limit, ban, shutting down).
     Refused,
+}
+
+/// A hub's immediate answer to a [`RpcRequest::Push`].
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum PushAnswer {
+    /// Queued for this round's admission: a merge (or a refusal) follows.
+    Accepted,
+    /// The peer pushed to is not the pusher's hub; `hub` is the one it names.
+    NotHub {
+        /// The hub's encoded `PeerId` (non-empty, at most [`MAX_PEER_ID_BYTES`]).
+        hub: Vec<u8>,
+    },
+    /// The hub holds as many pushes as it merges, or is not taking part this round.
+    Busy,
+    /// The push came after the hub closed its admission for the round.
+    Late,
+    /// The hub did not admit the pusher, or, with `foreign`, its own data refused the merge.
+    Refused {
+        /// The hub's data refused the merge, not its gate the pusher.
+        foreign: bool,
+    },
 }
 
 /// A response to an [`RpcRequest`].
@@ -182,6 +287,26 @@ pub enum RpcResponse {
         /// Why.
         code: RpcErrorCode,
     },
+    /// A hub's answer to a push.
+    PushAnswer {
+        /// The request's id.
+        id: RequestId,
+        /// What the hub made of the push.
+        answer: PushAnswer,
+    },
+    /// A hub's merge of a round: verify the header with [`crate::decode_header`] and the body
+    /// with [`crate::decode_body`] against it.
+    Merge {
+        /// The request's id.
+        id: RequestId,
+        /// The hub's sealed merge header (at most [`MAX_HEADER_BYTES`]).
+        header: Vec<u8>,
+        /// The merge's encoded body (at most [`MAX_BODY_BYTES`]).
+        body: Vec<u8>,
+        /// The peers of the hub's view it lists, each an encoded `PeerId` (non-empty, at most
+        /// [`MAX_PEER_ID_BYTES`]); at most [`MAX_KNOWN_PEERS`] of them.
+        listed: Vec<Vec<u8>>,
+    },
 }
 
 /// Which kind of exchange a message belongs to.
@@ -193,15 +318,22 @@ pub enum RpcKind {
     Body,
     /// `GetSnapshot` / `Snapshot`.
     Snapshot,
+    /// `Push` / `PushAnswer`.
+    Push,
+    /// `GetMerge` / `Merge`.
+    Merge,
 }
 
 impl RpcKind {
-    /// A short, stable label (`"headers"`, `"body"`, `"snapshot"`) for metrics and logs.
+    /// A short, stable label (`"headers"`, `"body"`, `"snapshot"`, `"push"`, `"merge"`) for
+    /// metrics and logs.
     pub fn label(self) -> &'static str {
         match self {
             Self::Headers => "headers",
             Self::Body => "body",
             Self::Snapshot => "snapshot",
+            Self::Push => "push",
+            Self::Merge => "merge",
         }
     }
 }
@@ -272,23 +404,65 @@ pub enum RpcEncodeError {
     /// A `GetHeaders` query names nothing.
     #[error("a GetHeaders query must name at least one key or id")]
     EmptyQuery,
+    /// A peer id (in a peer list or a redirect) is empty.
+    #[error("a peer id must not be empty")]
+    EmptyPeerId,
 }
 
 #[derive(Serialize, Deserialize)]
 enum WireRequest<'a> {
-    HeadersByKeys { id: u64, keys: &'a [u8] },
-    HeadersByIds { id: u64, ids: &'a [u8] },
-    Body { id: u64, packet: [u8; 32] },
+    HeadersByKeys {
+        id: u64,
+        keys: &'a [u8],
+    },
+    HeadersByIds {
+        id: u64,
+        ids: &'a [u8],
+    },
+    Body {
+        id: u64,
+        packet: [u8; 32],
+    },
     // Appended last: postcard numbers variants in order, so the earlier encodings stay as
     // they were.
-    HeadersLatest { id: u64 },
-    Snapshot { id: u64 },
+    HeadersLatest {
+        id: u64,
+    },
+    Snapshot {
+        id: u64,
+    },
+    /// Followed by `count` postcard byte strings (the `known` peers). Its tag is
+    /// [`PUSH_TAG`].
+    Push {
+        id: u64,
+        round: u64,
+        header: &'a [u8],
+        body: &'a [u8],
+        count: u32,
+    },
+    GetMerge {
+        id: u64,
+        round: u64,
+    },
 }
+
+/// The postcard tag of [`WireRequest::Push`] (its variant index): [`RpcRequest::decode`] reads it
+/// first to pick the size limit.
+const PUSH_TAG: u32 = 5;
 
 #[derive(Serialize, Deserialize)]
 enum WireErrorCode {
     NotFound,
     Refused,
+}
+
+#[derive(Serialize, Deserialize)]
+enum WirePushAnswer<'a> {
+    Accepted,
+    NotHub { hub: &'a [u8] },
+    Busy,
+    Late,
+    Refused { foreign: bool },
 }
 
 #[derive(Serialize, Deserialize)]
@@ -311,6 +485,17 @@ enum WireResponse<'a> {
         id: u64,
         header: &'a [u8],
         body: &'a [u8],
+    },
+    PushAnswer {
+        id: u64,
+        answer: WirePushAnswer<'a>,
+    },
+    /// Followed by `count` postcard byte strings (the `listed` peers).
+    Merge {
+        id: u64,
+        header: &'a [u8],
+        body: &'a [u8],
+        count: u32,
     },
 }
 
@@ -335,13 +520,117 @@ fn varint_len(v: u64) -> usize {
     (64 - (v | 1).leading_zeros() as usize).div_ceil(7)
 }
 
+/// Encoded length of a postcard byte string: varint length ‖ bytes.
+fn byte_string_len(bytes: &[u8]) -> usize {
+    varint_len(bytes.len() as u64) + bytes.len()
+}
+
+/// Encoded length of a peer list: its count, then each entry as a byte string.
+fn peer_list_len(peers: &[Vec<u8>]) -> usize {
+    varint_len(peers.len() as u64) + peers.iter().map(|p| byte_string_len(p)).sum::<usize>()
+}
+
+/// The first of a packet's header and body over its limit, as `(what, len, max)`: what a
+/// sender must not send and a receiver refuses.
+fn packet_over_limit(header: &[u8], body: &[u8]) -> Option<(&'static str, usize, usize)> {
+    if header.len() > MAX_HEADER_BYTES {
+        return Some(("header", header.len(), MAX_HEADER_BYTES));
+    }
+    (body.len() > MAX_BODY_BYTES).then_some(("body", body.len(), MAX_BODY_BYTES))
+}
+
+/// Refuse a packet header or body that receivers would refuse.
+fn check_packet(header: &[u8], body: &[u8]) -> Result<(), RpcEncodeError> {
+    match packet_over_limit(header, body) {
+        Some((what, len, max)) => Err(oversize_enc(what, len, max)),
+        None => Ok(()),
+    }
+}
+
+/// Refuse a peer id that receivers would refuse: empty, or longer than [`MAX_PEER_ID_BYTES`].
+fn check_peer_id(peer: &[u8]) -> Result<(), RpcEncodeError> {
+    if peer.is_empty() {
+        return Err(RpcEncodeError::EmptyPeerId);
+    }
+    if peer.len() > MAX_PEER_ID_BYTES {
+        return Err(oversize_enc("peer id", peer.len(), MAX_PEER_ID_BYTES));
+    }
+    Ok(())
+}
+
+/// Refuse a peer list that receivers would refuse; its count for the wire otherwise.
+fn check_peer_list(what: &'static str, peers: &[Vec<u8>]) -> Result<u32, RpcEncodeError> {
+    if peers.len() > MAX_KNOWN_PEERS {
+        return Err(oversize_enc(what, peers.len(), MAX_KNOWN_PEERS));
+    }
+    peers.iter().try_for_each(|p| check_peer_id(p))?;
+    // At most MAX_KNOWN_PEERS, so it fits.
+    Ok(peers.len() as u32)
+}
+
+/// Append each entry as a postcard byte string.
+fn write_byte_strings(mut out: Vec<u8>, list: &[Vec<u8>]) -> Vec<u8> {
+    for entry in list {
+        out = postcard::to_extend(&entry.as_slice(), out).unwrap_or_default();
+    }
+    out
+}
+
+/// A received peer id, checked before it is copied.
+fn read_peer_id(peer: &[u8]) -> Result<Vec<u8>, RpcDecodeError> {
+    if peer.is_empty() {
+        return Err(RpcDecodeError::Malformed {
+            detail: "empty peer id",
+        });
+    }
+    if peer.len() > MAX_PEER_ID_BYTES {
+        return Err(oversize_dec("peer id", peer.len(), MAX_PEER_ID_BYTES));
+    }
+    Ok(peer.to_vec())
+}
+
+/// Read a peer list of `count` byte strings off the front of `rest`, checking the count before
+/// allocating and each entry before copying it; returns the list and the bytes after it.
+fn read_peer_list<'a>(
+    what: &'static str,
+    count: u32,
+    mut rest: &'a [u8],
+) -> Result<(Vec<Vec<u8>>, &'a [u8]), RpcDecodeError> {
+    let count = count as usize;
+    if count > MAX_KNOWN_PEERS {
+        return Err(oversize_dec(what, count, MAX_KNOWN_PEERS));
+    }
+    // Every entry takes at least two bytes (its length and a non-empty id): a count the
+    // remaining bytes cannot hold is rejected before the list is allocated.
+    if rest.len() / 2 < count {
+        return Err(RpcDecodeError::Truncated);
+    }
+    let mut peers = Vec::with_capacity(count);
+    for _ in 0..count {
+        let (peer, tail) = postcard::take_from_bytes::<&[u8]>(rest).map_err(postcard_error)?;
+        peers.push(read_peer_id(peer)?);
+        rest = tail;
+    }
+    Ok((peers, rest))
+}
+
+/// Check a received packet header and body against their limits (before copying them).
+fn check_received_packet(header: &[u8], body: &[u8]) -> Result<(), RpcDecodeError> {
+    match packet_over_limit(header, body) {
+        Some((what, len, max)) => Err(oversize_dec(what, len, max)),
+        None => Ok(()),
+    }
+}
+
 impl RpcRequest {
     /// The request's id.
     pub fn id(&self) -> RequestId {
         match self {
-            Self::GetHeaders { id, .. } | Self::GetBody { id, .. } | Self::GetSnapshot { id } => {
-                *id
-            }
+            Self::GetHeaders { id, .. }
+            | Self::GetBody { id, .. }
+            | Self::GetSnapshot { id }
+            | Self::Push { id, .. }
+            | Self::GetMerge { id, .. } => *id,
         }
     }
 
@@ -351,6 +640,8 @@ impl RpcRequest {
             Self::GetHeaders { .. } => RpcKind::Headers,
             Self::GetBody { .. } => RpcKind::Body,
             Self::GetSnapshot { .. } => RpcKind::Snapshot,
+            Self::Push { .. } => RpcKind::Push,
+            Self::GetMerge { .. } => RpcKind::Merge,
         }
     }
 
@@ -360,10 +651,14 @@ impl RpcRequest {
             RpcKind::Headers => MAX_HEADERS_RESPONSE_BYTES,
             RpcKind::Body => MAX_BODY_RESPONSE_BYTES,
             RpcKind::Snapshot => MAX_SNAPSHOT_RESPONSE_BYTES,
+            RpcKind::Push => MAX_PUSH_ANSWER_BYTES,
+            RpcKind::Merge => MAX_MERGE_RESPONSE_BYTES,
         }
     }
 
-    /// Length of [`RpcRequest::encode`]'s output, computed without encoding.
+    /// Length of [`RpcRequest::encode`]'s output, computed without encoding (for a request
+    /// `encode` refuses, the length it would have). Cheap: it walks a push's peer list, never
+    /// its bytes.
     pub fn encoded_len(&self) -> usize {
         match self {
             Self::GetHeaders {
@@ -376,25 +671,62 @@ impl RpcRequest {
             }
             Self::GetBody { id, .. } => 1 + varint_len(id.0) + KEY_LEN,
             Self::GetSnapshot { id } => 1 + varint_len(id.0),
+            Self::Push {
+                id,
+                round,
+                header,
+                body,
+                known,
+            } => {
+                1 + varint_len(id.0)
+                    + varint_len(*round)
+                    + byte_string_len(header)
+                    + byte_string_len(body)
+                    + peer_list_len(known)
+            }
+            Self::GetMerge { id, round } => 1 + varint_len(id.0) + varint_len(*round),
         }
     }
 
-    /// Encode the request.
-    ///
-    /// # Errors
-    /// [`RpcEncodeError`] when the query is empty or names more than [`MAX_QUERY_ITEMS`] items:
-    /// receivers would reject it.
-    pub fn encode(&self) -> Result<Vec<u8>, RpcEncodeError> {
-        let out = Vec::with_capacity(self.encoded_len());
-        // Serialising into a Vec only fails on allocation failure, which aborts anyway.
+    /// Refuse what receivers would refuse.
+    fn check(&self) -> Result<(), RpcEncodeError> {
         match self {
-            Self::GetHeaders { id, query } => {
+            Self::GetHeaders { query, .. } => {
                 if query.is_empty() {
                     return Err(RpcEncodeError::EmptyQuery);
                 }
                 if query.len() > MAX_QUERY_ITEMS {
                     return Err(oversize_enc("query", query.len(), MAX_QUERY_ITEMS));
                 }
+                Ok(())
+            }
+            Self::Push {
+                header,
+                body,
+                known,
+                ..
+            } => {
+                check_packet(header, body)?;
+                check_peer_list("known peer list", known).map(drop)
+            }
+            Self::GetBody { .. } | Self::GetSnapshot { .. } | Self::GetMerge { .. } => Ok(()),
+        }
+    }
+
+    /// Encode the request.
+    ///
+    /// # Errors
+    /// [`RpcEncodeError`] when receivers would reject the request: a query that is empty or
+    /// names more than [`MAX_QUERY_ITEMS`] items; a push whose header is over
+    /// [`MAX_HEADER_BYTES`], whose body is over [`MAX_BODY_BYTES`], or that names more than
+    /// [`MAX_KNOWN_PEERS`] peers or a peer id that is empty or over [`MAX_PEER_ID_BYTES`].
+    /// Nothing is allocated for a refused request.
+    pub fn encode(&self) -> Result<Vec<u8>, RpcEncodeError> {
+        self.check()?;
+        let out = Vec::with_capacity(self.encoded_len());
+        // Serialising into a Vec only fails on allocation failure, which aborts anyway.
+        Ok(match self {
+            Self::GetHeaders { id, query } => {
                 let packed: Cow<'_, [u8]> = match query {
                     HeaderQuery::Keys(keys) => Cow::Borrowed(keys.as_flattened()),
                     HeaderQuery::Ids(ids) => Cow::Owned(ids.iter().flat_map(|p| p.0).collect()),
@@ -411,57 +743,132 @@ impl RpcRequest {
                     },
                     HeaderQuery::Latest => WireRequest::HeadersLatest { id: id.0 },
                 };
-                Ok(postcard::to_extend(&wire, out).unwrap_or_default())
+                postcard::to_extend(&wire, out).unwrap_or_default()
             }
-            Self::GetBody { id, packet } => Ok(postcard::to_extend(
+            Self::GetBody { id, packet } => postcard::to_extend(
                 &WireRequest::Body {
                     id: id.0,
                     packet: packet.0,
                 },
                 out,
             )
-            .unwrap_or_default()),
-            Self::GetSnapshot { id } => Ok(postcard::to_extend(
-                &WireRequest::Snapshot { id: id.0 },
+            .unwrap_or_default(),
+            Self::GetSnapshot { id } => {
+                postcard::to_extend(&WireRequest::Snapshot { id: id.0 }, out).unwrap_or_default()
+            }
+            Self::Push {
+                id,
+                round,
+                header,
+                body,
+                known,
+            } => {
+                let wire = WireRequest::Push {
+                    id: id.0,
+                    round: *round,
+                    header,
+                    body,
+                    // Checked against MAX_KNOWN_PEERS above.
+                    count: known.len() as u32,
+                };
+                let out = postcard::to_extend(&wire, out).unwrap_or_default();
+                write_byte_strings(out, known)
+            }
+            Self::GetMerge { id, round } => postcard::to_extend(
+                &WireRequest::GetMerge {
+                    id: id.0,
+                    round: *round,
+                },
                 out,
             )
-            .unwrap_or_default()),
-        }
+            .unwrap_or_default(),
+        })
     }
 
     /// Decode a request received from a peer.
     ///
+    /// Takes at most [`MAX_PUSH_REQUEST_BYTES`]; once the tag is read, anything but a push over
+    /// [`MAX_REQUEST_BYTES`] is refused before the rest is parsed.
+    ///
     /// # Errors
     /// The first [`RpcDecodeError`] found; nothing is allocated for a list longer than
-    /// [`MAX_QUERY_ITEMS`] or a message longer than [`MAX_REQUEST_BYTES`].
+    /// [`MAX_QUERY_ITEMS`] or [`MAX_KNOWN_PEERS`], a count the remaining bytes cannot hold, or a
+    /// message over its limit.
     pub fn decode(bytes: &[u8]) -> Result<Self, RpcDecodeError> {
+        if bytes.len() > MAX_PUSH_REQUEST_BYTES {
+            return Err(oversize_dec("request", bytes.len(), MAX_PUSH_REQUEST_BYTES));
+        }
         if bytes.len() > MAX_REQUEST_BYTES {
-            return Err(oversize_dec("request", bytes.len(), MAX_REQUEST_BYTES));
+            // Only a push may be this long. The tag is the same varint the full parse reads.
+            let tag = postcard::take_from_bytes::<u32>(bytes).map(|(tag, _)| tag);
+            if tag != Ok(PUSH_TAG) {
+                return Err(oversize_dec("request", bytes.len(), MAX_REQUEST_BYTES));
+            }
         }
         let (wire, rest) =
             postcard::take_from_bytes::<WireRequest<'_>>(bytes).map_err(postcard_error)?;
+        let (request, rest) = match wire {
+            WireRequest::HeadersByKeys { id, keys } => (
+                Self::GetHeaders {
+                    id: RequestId(id),
+                    query: HeaderQuery::Keys(unpack_keys(keys)?),
+                },
+                rest,
+            ),
+            WireRequest::HeadersByIds { id, ids } => (
+                Self::GetHeaders {
+                    id: RequestId(id),
+                    query: HeaderQuery::Ids(unpack_keys(ids)?.into_iter().map(PacketId).collect()),
+                },
+                rest,
+            ),
+            WireRequest::Body { id, packet } => (
+                Self::GetBody {
+                    id: RequestId(id),
+                    packet: PacketId(packet),
+                },
+                rest,
+            ),
+            WireRequest::HeadersLatest { id } => (
+                Self::GetHeaders {
+                    id: RequestId(id),
+                    query: HeaderQuery::Latest,
+                },
+                rest,
+            ),
+            WireRequest::Snapshot { id } => (Self::GetSnapshot { id: RequestId(id) }, rest),
+            WireRequest::Push {
+                id,
+                round,
+                header,
+                body,
+                count,
+            } => {
+                check_received_packet(header, body)?;
+                let (known, rest) = read_peer_list("known peer list", count, rest)?;
+                (
+                    Self::Push {
+                        id: RequestId(id),
+                        round,
+                        header: header.to_vec(),
+                        body: body.to_vec(),
+                        known,
+                    },
+                    rest,
+                )
+            }
+            WireRequest::GetMerge { id, round } => (
+                Self::GetMerge {
+                    id: RequestId(id),
+                    round,
+                },
+                rest,
+            ),
+        };
         if !rest.is_empty() {
             return Err(RpcDecodeError::TrailingBytes { extra: rest.len() });
         }
-        Ok(match wire {
-            WireRequest::HeadersByKeys { id, keys } => Self::GetHeaders {
-                id: RequestId(id),
-                query: HeaderQuery::Keys(unpack_keys(keys)?),
-            },
-            WireRequest::HeadersByIds { id, ids } => Self::GetHeaders {
-                id: RequestId(id),
-                query: HeaderQuery::Ids(unpack_keys(ids)?.into_iter().map(PacketId).collect()),
-            },
-            WireRequest::Body { id, packet } => Self::GetBody {
-                id: RequestId(id),
-                packet: PacketId(packet),
-            },
-            WireRequest::HeadersLatest { id } => Self::GetHeaders {
-                id: RequestId(id),
-                query: HeaderQuery::Latest,
-            },
-            WireRequest::Snapshot { id } => Self::GetSnapshot { id: RequestId(id) },
-        })
+        Ok(request)
     }
 }
 
@@ -498,45 +905,53 @@ impl RpcResponse {
             Self::Headers { id, .. }
             | Self::Body { id, .. }
             | Self::Snapshot { id, .. }
-            | Self::Error { id, .. } => *id,
+            | Self::Error { id, .. }
+            | Self::PushAnswer { id, .. }
+            | Self::Merge { id, .. } => *id,
         }
     }
 
-    /// Length of [`RpcResponse::encode`]'s output, computed without encoding.
+    /// Length of [`RpcResponse::encode`]'s output, computed without encoding (for a response
+    /// `encode` refuses, the length it would have). Cheap: it walks lists of byte strings,
+    /// never their bytes.
     pub fn encoded_len(&self) -> usize {
         match self {
             Self::Headers { id, headers } => {
                 1 + varint_len(id.0)
                     + varint_len(headers.len() as u64)
-                    + headers
-                        .iter()
-                        .map(|h| varint_len(h.len() as u64) + h.len())
-                        .sum::<usize>()
+                    + headers.iter().map(|h| byte_string_len(h)).sum::<usize>()
             }
-            Self::Body { id, body } => {
-                1 + varint_len(id.0) + varint_len(body.len() as u64) + body.len()
-            }
+            Self::Body { id, body } => 1 + varint_len(id.0) + byte_string_len(body),
             Self::Snapshot { id, header, body } => {
-                1 + varint_len(id.0)
-                    + varint_len(header.len() as u64)
-                    + header.len()
-                    + varint_len(body.len() as u64)
-                    + body.len()
+                1 + varint_len(id.0) + byte_string_len(header) + byte_string_len(body)
             }
             Self::Error { id, .. } => 1 + varint_len(id.0) + 1,
+            Self::PushAnswer { id, answer } => {
+                let answer = match answer {
+                    PushAnswer::NotHub { hub } => 1 + byte_string_len(hub),
+                    PushAnswer::Refused { .. } => 2,
+                    PushAnswer::Accepted | PushAnswer::Busy | PushAnswer::Late => 1,
+                };
+                1 + varint_len(id.0) + answer
+            }
+            Self::Merge {
+                id,
+                header,
+                body,
+                listed,
+            } => {
+                1 + varint_len(id.0)
+                    + byte_string_len(header)
+                    + byte_string_len(body)
+                    + peer_list_len(listed)
+            }
         }
     }
 
-    /// Encode the response.
-    ///
-    /// # Errors
-    /// [`RpcEncodeError::Oversize`] when it carries more than [`MAX_HEADERS_PER_RESPONSE`]
-    /// headers, a header longer than [`MAX_HEADER_BYTES`], or a body longer than
-    /// [`MAX_BODY_BYTES`]: receivers would reject it. The same limits hold for a snapshot.
-    pub fn encode(&self) -> Result<Vec<u8>, RpcEncodeError> {
-        let mut out = Vec::with_capacity(self.encoded_len());
+    /// Refuse what receivers would refuse.
+    fn check(&self) -> Result<(), RpcEncodeError> {
         match self {
-            Self::Headers { id, headers } => {
+            Self::Headers { headers, .. } => {
                 if headers.len() > MAX_HEADERS_PER_RESPONSE {
                     return Err(oversize_enc(
                         "header list",
@@ -547,46 +962,102 @@ impl RpcResponse {
                 if let Some(h) = headers.iter().find(|h| h.len() > MAX_HEADER_BYTES) {
                     return Err(oversize_enc("header", h.len(), MAX_HEADER_BYTES));
                 }
+                Ok(())
+            }
+            Self::Body { body, .. } => check_packet(&[], body),
+            Self::Snapshot { header, body, .. } => check_packet(header, body),
+            Self::Error { .. } => Ok(()),
+            Self::PushAnswer { answer, .. } => match answer {
+                PushAnswer::NotHub { hub } => check_peer_id(hub),
+                PushAnswer::Accepted
+                | PushAnswer::Busy
+                | PushAnswer::Late
+                | PushAnswer::Refused { .. } => Ok(()),
+            },
+            Self::Merge {
+                header,
+                body,
+                listed,
+                ..
+            } => {
+                check_packet(header, body)?;
+                check_peer_list("listed peer list", listed).map(drop)
+            }
+        }
+    }
+
+    /// Encode the response.
+    ///
+    /// # Errors
+    /// [`RpcEncodeError`] when receivers would reject the response: more than
+    /// [`MAX_HEADERS_PER_RESPONSE`] headers, a header longer than [`MAX_HEADER_BYTES`] or a body
+    /// longer than [`MAX_BODY_BYTES`] (in a snapshot or a merge too), or a peer list (a merge's
+    /// `listed`) or redirect that names more than [`MAX_KNOWN_PEERS`] peers or a peer id that is
+    /// empty or over [`MAX_PEER_ID_BYTES`]. Nothing is allocated for a refused response.
+    pub fn encode(&self) -> Result<Vec<u8>, RpcEncodeError> {
+        self.check()?;
+        let out = Vec::with_capacity(self.encoded_len());
+        // Serialising into a Vec only fails on allocation failure, which aborts anyway.
+        Ok(match self {
+            Self::Headers { id, headers } => {
                 let wire = WireResponse::Headers {
                     id: id.0,
+                    // Checked against MAX_HEADERS_PER_RESPONSE above.
                     count: headers.len() as u32,
                 };
-                out = postcard::to_extend(&wire, out).unwrap_or_default();
-                for h in headers {
-                    out = postcard::to_extend(&h.as_slice(), out).unwrap_or_default();
-                }
+                let out = postcard::to_extend(&wire, out).unwrap_or_default();
+                write_byte_strings(out, headers)
             }
             Self::Body { id, body } => {
-                if body.len() > MAX_BODY_BYTES {
-                    return Err(oversize_enc("body", body.len(), MAX_BODY_BYTES));
-                }
                 let wire = WireResponse::Body { id: id.0, body };
-                out = postcard::to_extend(&wire, out).unwrap_or_default();
+                postcard::to_extend(&wire, out).unwrap_or_default()
             }
             Self::Snapshot { id, header, body } => {
-                if header.len() > MAX_HEADER_BYTES {
-                    return Err(oversize_enc("header", header.len(), MAX_HEADER_BYTES));
-                }
-                if body.len() > MAX_BODY_BYTES {
-                    return Err(oversize_enc("body", body.len(), MAX_BODY_BYTES));
-                }
                 let wire = WireResponse::Snapshot {
                     id: id.0,
                     header,
                     body,
                 };
-                out = postcard::to_extend(&wire, out).unwrap_or_default();
+                postcard::to_extend(&wire, out).unwrap_or_default()
             }
             Self::Error { id, code } => {
                 let code = match code {
                     RpcErrorCode::NotFound => WireErrorCode::NotFound,
                     RpcErrorCode::Refused => WireErrorCode::Refused,
                 };
-                out = postcard::to_extend(&WireResponse::Error { id: id.0, code }, out)
-                    .unwrap_or_default();
+                postcard::to_extend(&WireResponse::Error { id: id.0, code }, out)
+                    .unwrap_or_default()
             }
-        }
-        Ok(out)
+            Self::PushAnswer { id, answer } => {
+                let answer = match answer {
+                    PushAnswer::Accepted => WirePushAnswer::Accepted,
+                    PushAnswer::NotHub { hub } => WirePushAnswer::NotHub { hub },
+                    PushAnswer::Busy => WirePushAnswer::Busy,
+                    PushAnswer::Late => WirePushAnswer::Late,
+                    PushAnswer::Refused { foreign } => {
+                        WirePushAnswer::Refused { foreign: *foreign }
+                    }
+                };
+                postcard::to_extend(&WireResponse::PushAnswer { id: id.0, answer }, out)
+                    .unwrap_or_default()
+            }
+            Self::Merge {
+                id,
+                header,
+                body,
+                listed,
+            } => {
+                let wire = WireResponse::Merge {
+                    id: id.0,
+                    header,
+                    body,
+                    // Checked against MAX_KNOWN_PEERS above.
+                    count: listed.len() as u32,
+                };
+                let out = postcard::to_extend(&wire, out).unwrap_or_default();
+                write_byte_strings(out, listed)
+            }
+        })
     }
 
     /// Decode a response received from a peer, accepting at most `limit` bytes (use
@@ -596,7 +1067,8 @@ impl RpcResponse {
     /// # Errors
     /// The first [`RpcDecodeError`] found. A header list is checked against
     /// [`MAX_HEADERS_PER_RESPONSE`] and each header against [`MAX_HEADER_BYTES`] before they are
-    /// copied.
+    /// copied; a merge's peer list against [`MAX_KNOWN_PEERS`] and each peer id (there and in a
+    /// redirect) against [`MAX_PEER_ID_BYTES`].
     pub fn decode(bytes: &[u8], limit: usize) -> Result<Self, RpcDecodeError> {
         let limit = limit.min(MAX_RESPONSE_BYTES);
         if bytes.len() > limit {
@@ -640,12 +1112,7 @@ impl RpcResponse {
                 }
             }
             WireResponse::Snapshot { id, header, body } => {
-                if header.len() > MAX_HEADER_BYTES {
-                    return Err(oversize_dec("header", header.len(), MAX_HEADER_BYTES));
-                }
-                if body.len() > MAX_BODY_BYTES {
-                    return Err(oversize_dec("body", body.len(), MAX_BODY_BYTES));
-                }
+                check_received_packet(header, body)?;
                 Self::Snapshot {
                     id: RequestId(id),
                     header: header.to_vec(),
@@ -659,6 +1126,34 @@ impl RpcResponse {
                     WireErrorCode::Refused => RpcErrorCode::Refused,
                 },
             },
+            WireResponse::PushAnswer { id, answer } => Self::PushAnswer {
+                id: RequestId(id),
+                answer: match answer {
+                    WirePushAnswer::Accepted => PushAnswer::Accepted,
+                    WirePushAnswer::NotHub { hub } => PushAnswer::NotHub {
+                        hub: read_peer_id(hub)?,
+                    },
+                    WirePushAnswer::Busy => PushAnswer::Busy,
+                    WirePushAnswer::Late => PushAnswer::Late,
+                    WirePushAnswer::Refused { foreign } => PushAnswer::Refused { foreign },
+                },
+            },
+            WireResponse::Merge {
+                id,
+                header,
+                body,
+                count,
+            } => {
+                check_received_packet(header, body)?;
+                let (listed, tail) = read_peer_list("listed peer list", count, rest)?;
+                rest = tail;
+                Self::Merge {
+                    id: RequestId(id),
+                    header: header.to_vec(),
+                    body: body.to_vec(),
+                    listed,
+                }
+            }
         };
         if !rest.is_empty() {
             return Err(RpcDecodeError::TrailingBytes { extra: rest.len() });
@@ -715,6 +1210,88 @@ mod tests {
         assert_eq!(len, response.encoded_len());
         assert!(len <= MAX_SNAPSHOT_RESPONSE_BYTES, "{len}");
         assert!(RpcResponse::decode(&[0; 8], MAX_SNAPSHOT_RESPONSE_BYTES).is_err());
+    }
+
+    #[test]
+    fn push_tag_is_the_push_variant() {
+        let push = RpcRequest::Push {
+            id: RequestId(1),
+            round: 2,
+            header: vec![],
+            body: vec![],
+            known: vec![],
+        };
+        let bytes = push.encode().unwrap_or_default();
+        assert_eq!(bytes.first().copied(), u8::try_from(PUSH_TAG).ok());
+    }
+
+    #[test]
+    fn largest_push_and_merge_fit_their_limits() {
+        let known = vec![vec![0xff; MAX_PEER_ID_BYTES]; MAX_KNOWN_PEERS];
+        let mut push = RpcRequest::Push {
+            id: RequestId(u64::MAX),
+            round: u64::MAX,
+            header: vec![0xff; MAX_HEADER_BYTES],
+            body: vec![0xff; MAX_BODY_BYTES],
+            known,
+        };
+        let bytes = push.encode().unwrap_or_default();
+        assert_eq!(bytes.len(), push.encoded_len());
+        assert!(bytes.len() <= MAX_PUSH_REQUEST_BYTES, "{}", bytes.len());
+        assert_eq!(RpcRequest::decode(&bytes).as_ref(), Ok(&push));
+        drop(bytes);
+        let RpcRequest::Push {
+            header,
+            body,
+            known,
+            ..
+        } = &mut push
+        else {
+            return;
+        };
+        let merge = RpcResponse::Merge {
+            id: RequestId(u64::MAX),
+            header: std::mem::take(header),
+            body: std::mem::take(body),
+            listed: std::mem::take(known),
+        };
+        let bytes = merge.encode().unwrap_or_default();
+        assert_eq!(bytes.len(), merge.encoded_len());
+        assert!(bytes.len() <= MAX_MERGE_RESPONSE_BYTES, "{}", bytes.len());
+        assert_eq!(
+            RpcResponse::decode(&bytes, MAX_MERGE_RESPONSE_BYTES).as_ref(),
+            Ok(&merge)
+        );
+    }
+
+    #[test]
+    fn largest_push_answer_fits_the_limit() {
+        let answer = RpcResponse::PushAnswer {
+            id: RequestId(u64::MAX),
+            answer: PushAnswer::NotHub {
+                hub: vec![0xff; MAX_PEER_ID_BYTES],
+            },
+        };
+        assert!(answer.encoded_len() <= MAX_PUSH_ANSWER_BYTES);
+        let error = RpcResponse::Error {
+            id: RequestId(u64::MAX),
+            code: RpcErrorCode::Refused,
+        };
+        assert!(error.encoded_len() <= MAX_PUSH_ANSWER_BYTES);
+    }
+
+    #[test]
+    fn response_limit_is_the_largest_of_all() {
+        for limit in [
+            MAX_HEADERS_RESPONSE_BYTES,
+            MAX_BODY_RESPONSE_BYTES,
+            MAX_SNAPSHOT_RESPONSE_BYTES,
+            MAX_PUSH_ANSWER_BYTES,
+            MAX_MERGE_RESPONSE_BYTES,
+        ] {
+            assert!(limit <= MAX_RESPONSE_BYTES);
+        }
+        assert_eq!(MAX_RESPONSE_BYTES, MAX_MERGE_RESPONSE_BYTES);
     }
 
     #[test]

@@ -6,6 +6,7 @@ mod common;
 
 use kindred_proto::rpc::*;
 use kindred_proto::{MAX_BODY_BYTES, MAX_HEADER_BYTES, PacketId, decode_header};
+use prop::collection::vec;
 use proptest::prelude::*;
 
 fn arb_query() -> impl Strategy<Value = HeaderQuery> {
@@ -14,6 +15,42 @@ fn arb_query() -> impl Strategy<Value = HeaderQuery> {
         prop::collection::vec(any::<[u8; 32]>().prop_map(PacketId), 1..=40)
             .prop_map(HeaderQuery::Ids),
         Just(HeaderQuery::Latest),
+    ]
+}
+
+/// A header: short, or the largest accepted.
+fn arb_header() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        4 => vec(any::<u8>(), 0..300),
+        1 => Just(vec![0xab; MAX_HEADER_BYTES]),
+    ]
+}
+
+/// One encoded peer id, from one byte to the longest accepted.
+fn arb_peer_id() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        vec(any::<u8>(), 1..=MAX_PEER_ID_BYTES),
+        Just(vec![0xcd]),
+        Just(vec![0xef; MAX_PEER_ID_BYTES]),
+    ]
+}
+
+/// A peer list: empty, short, or the longest accepted of the longest ids.
+fn arb_peers() -> impl Strategy<Value = Vec<Vec<u8>>> {
+    prop_oneof![
+        4 => vec(arb_peer_id(), 0..20),
+        1 => Just(vec![vec![0xef; MAX_PEER_ID_BYTES]; MAX_KNOWN_PEERS]),
+        1 => Just(vec![vec![0x01]; MAX_KNOWN_PEERS]),
+    ]
+}
+
+fn arb_push_answer() -> impl Strategy<Value = PushAnswer> {
+    prop_oneof![
+        Just(PushAnswer::Accepted),
+        arb_peer_id().prop_map(|hub| PushAnswer::NotHub { hub }),
+        Just(PushAnswer::Busy),
+        Just(PushAnswer::Late),
+        any::<bool>().prop_map(|foreign| PushAnswer::Refused { foreign }),
     ]
 }
 
@@ -28,6 +65,24 @@ fn arb_request() -> impl Strategy<Value = RpcRequest> {
             packet: PacketId(p)
         }),
         any::<u64>().prop_map(|id| RpcRequest::GetSnapshot { id: RequestId(id) }),
+        (
+            any::<u64>(),
+            any::<u64>(),
+            arb_header(),
+            vec(any::<u8>(), 0..2000),
+            arb_peers()
+        )
+            .prop_map(|(id, round, header, body, known)| RpcRequest::Push {
+                id: RequestId(id),
+                round,
+                header,
+                body,
+                known,
+            }),
+        (any::<u64>(), any::<u64>()).prop_map(|(id, round)| RpcRequest::GetMerge {
+            id: RequestId(id),
+            round
+        }),
     ]
 }
 
@@ -65,7 +120,43 @@ fn arb_response() -> impl Strategy<Value = RpcResponse> {
                 RpcErrorCode::Refused
             },
         }),
+        (any::<u64>(), arb_push_answer()).prop_map(|(id, answer)| RpcResponse::PushAnswer {
+            id: RequestId(id),
+            answer
+        }),
+        (
+            any::<u64>(),
+            arb_header(),
+            vec(any::<u8>(), 0..2000),
+            arb_peers()
+        )
+            .prop_map(|(id, header, body, listed)| RpcResponse::Merge {
+                id: RequestId(id),
+                header,
+                body,
+                listed,
+            }),
     ]
+}
+
+/// The largest request of this kind a receiver takes.
+fn request_limit(request: &RpcRequest) -> usize {
+    match request {
+        RpcRequest::Push { .. } => MAX_PUSH_REQUEST_BYTES,
+        _ => MAX_REQUEST_BYTES,
+    }
+}
+
+/// The request kind a response answers.
+fn answered_kind(response: &RpcResponse) -> Option<RpcKind> {
+    match response {
+        RpcResponse::Headers { .. } => Some(RpcKind::Headers),
+        RpcResponse::Body { .. } => Some(RpcKind::Body),
+        RpcResponse::Snapshot { .. } => Some(RpcKind::Snapshot),
+        RpcResponse::PushAnswer { .. } => Some(RpcKind::Push),
+        RpcResponse::Merge { .. } => Some(RpcKind::Merge),
+        RpcResponse::Error { .. } => None,
+    }
 }
 
 proptest! {
@@ -75,7 +166,7 @@ proptest! {
     fn requests_round_trip(request in arb_request()) {
         let bytes = request.encode().unwrap();
         prop_assert_eq!(bytes.len(), request.encoded_len());
-        prop_assert!(bytes.len() <= MAX_REQUEST_BYTES);
+        prop_assert!(bytes.len() <= request_limit(&request));
         prop_assert_eq!(RpcRequest::decode(&bytes).unwrap(), request);
     }
 
@@ -83,7 +174,18 @@ proptest! {
     fn responses_round_trip(response in arb_response()) {
         let bytes = response.encode().unwrap();
         prop_assert_eq!(bytes.len(), response.encoded_len());
-        prop_assert_eq!(RpcResponse::decode(&bytes, MAX_RESPONSE_BYTES).unwrap(), response);
+        prop_assert_eq!(RpcResponse::decode(&bytes, MAX_RESPONSE_BYTES).unwrap(), response.clone());
+        // Within the limit of the request it answers, too.
+        if let Some(kind) = answered_kind(&response) {
+            let limit = match kind {
+                RpcKind::Headers => MAX_HEADERS_RESPONSE_BYTES,
+                RpcKind::Body => MAX_BODY_RESPONSE_BYTES,
+                RpcKind::Snapshot => MAX_SNAPSHOT_RESPONSE_BYTES,
+                RpcKind::Push => MAX_PUSH_ANSWER_BYTES,
+                RpcKind::Merge => MAX_MERGE_RESPONSE_BYTES,
+            };
+            prop_assert_eq!(RpcResponse::decode(&bytes, limit).unwrap(), response);
+        }
     }
 
     #[test]
@@ -183,12 +285,18 @@ fn key_list_limits() {
 
 #[test]
 fn unknown_tags_are_malformed() {
+    // The first tags past the last variants (`GetMerge` and `Merge`).
     assert!(matches!(
-        RpcRequest::decode(&[5, 0]),
+        RpcRequest::decode(&[7, 0]),
         Err(RpcDecodeError::Malformed { .. })
     ));
     assert!(matches!(
-        RpcResponse::decode(&[4, 0], MAX_RESPONSE_BYTES),
+        RpcResponse::decode(&[6, 0], MAX_RESPONSE_BYTES),
+        Err(RpcDecodeError::Malformed { .. })
+    ));
+    // A push answer with an unknown answer tag.
+    assert!(matches!(
+        RpcResponse::decode(&[4, 0, 5], MAX_RESPONSE_BYTES),
         Err(RpcDecodeError::Malformed { .. })
     ));
     // Error response with an unknown code.
@@ -366,4 +474,430 @@ fn a_latest_query_is_two_bytes_and_leaves_older_encodings_alone() {
     assert_eq!(keys.encode().unwrap()[0], 0);
     // Trailing bytes after a latest query are refused.
     assert!(RpcRequest::decode(&[3, 5, 0]).is_err());
+}
+
+/// The hub exchange's messages, built by hand: a push's fixed part (tag 5, id 1, round 1, an
+/// empty header and body), ready for its peer list.
+fn push_prefix() -> Vec<u8> {
+    vec![5u8, 1, 1, 0, 0]
+}
+
+/// A merge response's fixed part (tag 5, id 1, an empty header and body), ready for its list.
+fn merge_prefix() -> Vec<u8> {
+    vec![5u8, 1, 0, 0]
+}
+
+fn push_with(known: Vec<Vec<u8>>) -> RpcRequest {
+    RpcRequest::Push {
+        id: RequestId(1),
+        round: 1,
+        header: vec![],
+        body: vec![],
+        known,
+    }
+}
+
+fn merge_with(listed: Vec<Vec<u8>>) -> RpcResponse {
+    RpcResponse::Merge {
+        id: RequestId(1),
+        header: vec![],
+        body: vec![],
+        listed,
+    }
+}
+
+#[test]
+fn hub_exchange_messages_round_trip() {
+    let requests = [
+        RpcRequest::Push {
+            id: RequestId(9),
+            round: 12,
+            header: vec![0xaa; 200],
+            body: vec![0xbb; 5000],
+            known: vec![vec![0x11; 38], vec![0x22; MAX_PEER_ID_BYTES], vec![0x33]],
+        },
+        push_with(vec![]),
+        RpcRequest::GetMerge {
+            id: RequestId(u64::MAX),
+            round: u64::MAX,
+        },
+    ];
+    for request in requests {
+        let bytes = request.encode().unwrap();
+        assert_eq!(bytes.len(), request.encoded_len());
+        assert_eq!(RpcRequest::decode(&bytes).unwrap(), request);
+    }
+    let push = push_with(vec![]);
+    assert_eq!(push.kind(), RpcKind::Push);
+    assert_eq!(push.kind().label(), "push");
+    assert_eq!(push.response_limit(), MAX_PUSH_ANSWER_BYTES);
+    assert_eq!(push.id(), RequestId(1));
+    let get_merge = RpcRequest::GetMerge {
+        id: RequestId(4),
+        round: 1,
+    };
+    assert_eq!(get_merge.kind(), RpcKind::Merge);
+    assert_eq!(get_merge.kind().label(), "merge");
+    assert_eq!(get_merge.response_limit(), MAX_MERGE_RESPONSE_BYTES);
+    assert_eq!(get_merge.id(), RequestId(4));
+
+    let answers = [
+        PushAnswer::Accepted,
+        PushAnswer::NotHub {
+            hub: vec![0x44; 38],
+        },
+        PushAnswer::Busy,
+        PushAnswer::Late,
+        PushAnswer::Refused { foreign: false },
+        PushAnswer::Refused { foreign: true },
+    ];
+    let mut responses: Vec<_> = answers
+        .into_iter()
+        .map(|answer| RpcResponse::PushAnswer {
+            id: RequestId(3),
+            answer,
+        })
+        .collect();
+    responses.push(RpcResponse::Merge {
+        id: RequestId(3),
+        header: vec![0xaa; 300],
+        body: vec![0xbb; 7000],
+        listed: vec![vec![0x55; 38]; 40],
+    });
+    responses.push(merge_with(vec![]));
+    for response in responses {
+        let bytes = response.encode().unwrap();
+        assert_eq!(bytes.len(), response.encoded_len());
+        let limit = if matches!(response, RpcResponse::Merge { .. }) {
+            get_merge.response_limit()
+        } else {
+            push.response_limit()
+        };
+        assert_eq!(RpcResponse::decode(&bytes, limit).unwrap(), response);
+    }
+}
+
+/// One vector per new variant (fields spaced apart): these encodings are the wire format, and
+/// appending the variants left the earlier ones' tags alone.
+#[test]
+fn hub_exchange_encodings_are_pinned() {
+    let push = RpcRequest::Push {
+        id: RequestId(7),
+        round: 3,
+        header: vec![0xaa, 0xbb],
+        body: vec![1, 2, 3],
+        known: vec![vec![0x10], vec![0x20, 0x21]],
+    };
+    let get_merge = RpcRequest::GetMerge {
+        id: RequestId(7),
+        round: 300,
+    };
+    let answer = |answer| RpcResponse::PushAnswer {
+        id: RequestId(7),
+        answer,
+    };
+    let merge = RpcResponse::Merge {
+        id: RequestId(7),
+        header: vec![0xaa],
+        body: vec![],
+        listed: vec![vec![0x10]],
+    };
+    let requests: [(&RpcRequest, &str); 3] = [
+        (&push, "05 07 03 02aabb 03010203 02 0110 022021"),
+        (&get_merge, "06 07 ac02"),
+        (&RpcRequest::GetSnapshot { id: RequestId(7) }, "04 07"),
+    ];
+    for (request, golden) in requests {
+        let bytes = request.encode().unwrap();
+        assert_eq!(hex::encode(&bytes), golden.replace(' ', ""), "{request:?}");
+        assert_eq!(&RpcRequest::decode(&bytes).unwrap(), request);
+    }
+    let responses = [
+        (answer(PushAnswer::Accepted), "04 07 00"),
+        (
+            answer(PushAnswer::NotHub {
+                hub: vec![0x00, 0x24],
+            }),
+            "04 07 01 020024",
+        ),
+        (answer(PushAnswer::Busy), "04 07 02"),
+        (answer(PushAnswer::Late), "04 07 03"),
+        (
+            answer(PushAnswer::Refused { foreign: false }),
+            "04 07 04 00",
+        ),
+        (answer(PushAnswer::Refused { foreign: true }), "04 07 04 01"),
+        (merge, "05 07 01aa 00 01 0110"),
+        (
+            RpcResponse::Error {
+                id: RequestId(7),
+                code: RpcErrorCode::Refused,
+            },
+            "02 07 01",
+        ),
+    ];
+    for (response, golden) in responses {
+        let bytes = response.encode().unwrap();
+        assert_eq!(hex::encode(&bytes), golden.replace(' ', ""), "{response:?}");
+        assert_eq!(
+            RpcResponse::decode(&bytes, MAX_RESPONSE_BYTES).unwrap(),
+            response
+        );
+    }
+}
+
+#[test]
+fn peer_lists_over_the_count_limit_are_refused() {
+    let too_many = vec![vec![0x10]; MAX_KNOWN_PEERS + 1];
+    assert_eq!(
+        push_with(too_many.clone()).encode(),
+        Err(RpcEncodeError::Oversize {
+            what: "known peer list",
+            len: (MAX_KNOWN_PEERS + 1) as u64,
+            max: MAX_KNOWN_PEERS as u64,
+        })
+    );
+    assert!(matches!(
+        merge_with(too_many).encode(),
+        Err(RpcEncodeError::Oversize {
+            what: "listed peer list",
+            ..
+        })
+    ));
+    // The same lists crafted by hand: refused on the count, whatever follows.
+    for (prefix, what) in [
+        (push_prefix(), "known peer list"),
+        (merge_prefix(), "listed peer list"),
+    ] {
+        let mut bytes = prefix;
+        varint((MAX_KNOWN_PEERS + 1) as u64, &mut bytes);
+        for _ in 0..=MAX_KNOWN_PEERS {
+            bytes.extend([1, 0x10]);
+        }
+        let expected = Some(RpcDecodeError::Oversize {
+            what,
+            len: (MAX_KNOWN_PEERS + 1) as u64,
+            max: MAX_KNOWN_PEERS as u64,
+        });
+        if what == "known peer list" {
+            assert_eq!(RpcRequest::decode(&bytes).err(), expected);
+        } else {
+            assert_eq!(
+                RpcResponse::decode(&bytes, MAX_RESPONSE_BYTES).err(),
+                expected
+            );
+        }
+    }
+    // A full list is fine.
+    let full = push_with(vec![vec![0x10]; MAX_KNOWN_PEERS]);
+    assert_eq!(RpcRequest::decode(&full.encode().unwrap()).unwrap(), full);
+}
+
+#[test]
+fn peer_ids_over_the_length_limit_or_empty_are_refused() {
+    let long = vec![0x10; MAX_PEER_ID_BYTES + 1];
+    let oversize = RpcEncodeError::Oversize {
+        what: "peer id",
+        len: (MAX_PEER_ID_BYTES + 1) as u64,
+        max: MAX_PEER_ID_BYTES as u64,
+    };
+    assert_eq!(
+        push_with(vec![vec![1], long.clone()]).encode(),
+        Err(oversize.clone())
+    );
+    assert_eq!(
+        merge_with(vec![long.clone()]).encode(),
+        Err(oversize.clone())
+    );
+    let redirect = |hub| RpcResponse::PushAnswer {
+        id: RequestId(1),
+        answer: PushAnswer::NotHub { hub },
+    };
+    assert_eq!(redirect(long.clone()).encode(), Err(oversize));
+    assert_eq!(
+        push_with(vec![vec![]]).encode(),
+        Err(RpcEncodeError::EmptyPeerId)
+    );
+    assert_eq!(
+        merge_with(vec![vec![]]).encode(),
+        Err(RpcEncodeError::EmptyPeerId)
+    );
+    assert_eq!(redirect(vec![]).encode(), Err(RpcEncodeError::EmptyPeerId));
+
+    let oversize = Some(RpcDecodeError::Oversize {
+        what: "peer id",
+        len: (MAX_PEER_ID_BYTES + 1) as u64,
+        max: MAX_PEER_ID_BYTES as u64,
+    });
+    let empty = Some(RpcDecodeError::Malformed {
+        detail: "empty peer id",
+    });
+    // In a push's list (second entry), a merge's list, and a redirect.
+    let mut bytes = push_prefix();
+    bytes.extend([2, 1, 0x10]);
+    varint(long.len() as u64, &mut bytes);
+    bytes.extend(&long);
+    assert_eq!(RpcRequest::decode(&bytes).err(), oversize.clone());
+    let mut bytes = merge_prefix();
+    bytes.push(1);
+    varint(long.len() as u64, &mut bytes);
+    bytes.extend(&long);
+    assert_eq!(
+        RpcResponse::decode(&bytes, MAX_RESPONSE_BYTES).err(),
+        oversize.clone()
+    );
+    let mut bytes = vec![4u8, 1, 1];
+    varint(long.len() as u64, &mut bytes);
+    bytes.extend(&long);
+    assert_eq!(
+        RpcResponse::decode(&bytes, MAX_RESPONSE_BYTES).err(),
+        oversize.clone()
+    );
+    let mut bytes = push_prefix();
+    bytes.extend([2, 0, 2, 0x10, 0x11]);
+    assert_eq!(RpcRequest::decode(&bytes).err(), empty.clone());
+    let mut bytes = merge_prefix();
+    bytes.extend([2, 0, 2, 0x10, 0x11]);
+    assert_eq!(
+        RpcResponse::decode(&bytes, MAX_RESPONSE_BYTES).err(),
+        empty.clone()
+    );
+    assert_eq!(
+        RpcResponse::decode(&[4, 1, 1, 0], MAX_RESPONSE_BYTES).err(),
+        empty
+    );
+}
+
+#[test]
+fn a_count_the_bytes_cannot_hold_is_truncated() {
+    // 1,000 entries claimed, one present: refused before the list is allocated.
+    let mut bytes = push_prefix();
+    varint(1000, &mut bytes);
+    bytes.extend([1, 0x10]);
+    assert_eq!(RpcRequest::decode(&bytes), Err(RpcDecodeError::Truncated));
+    let mut bytes = merge_prefix();
+    varint(1000, &mut bytes);
+    bytes.extend([1, 0x10]);
+    assert_eq!(
+        RpcResponse::decode(&bytes, MAX_RESPONSE_BYTES),
+        Err(RpcDecodeError::Truncated)
+    );
+    // Two entries claimed and three bytes left: fewer than two bytes an entry.
+    let mut bytes = push_prefix();
+    bytes.extend([2, 1, 0x10]);
+    assert_eq!(RpcRequest::decode(&bytes), Err(RpcDecodeError::Truncated));
+    // A push whose body claims more bytes than are present.
+    let mut bytes = vec![5u8, 1, 1, 0];
+    varint(MAX_BODY_BYTES as u64, &mut bytes);
+    bytes.extend([0; 16]);
+    assert_eq!(RpcRequest::decode(&bytes), Err(RpcDecodeError::Truncated));
+}
+
+#[test]
+fn only_a_push_may_exceed_the_request_limit() {
+    // A GetMerge padded past MAX_REQUEST_BYTES: refused on its length once its tag is read.
+    let mut bytes = vec![6u8, 1, 2];
+    bytes.resize(MAX_REQUEST_BYTES + 1, 0);
+    assert_eq!(
+        RpcRequest::decode(&bytes),
+        Err(RpcDecodeError::Oversize {
+            what: "request",
+            len: (MAX_REQUEST_BYTES + 1) as u64,
+            max: MAX_REQUEST_BYTES as u64,
+        })
+    );
+    // Padded to exactly the limit, it is parsed and its padding refused.
+    bytes.truncate(MAX_REQUEST_BYTES);
+    assert_eq!(
+        RpcRequest::decode(&bytes),
+        Err(RpcDecodeError::TrailingBytes {
+            extra: MAX_REQUEST_BYTES - 3
+        })
+    );
+    // Garbage whose first byte is no tag at all, over the request limit.
+    let garbage = vec![0xffu8; MAX_REQUEST_BYTES + 1];
+    assert!(matches!(
+        RpcRequest::decode(&garbage),
+        Err(RpcDecodeError::Oversize {
+            what: "request",
+            ..
+        })
+    ));
+    // A push is taken past it.
+    let push = RpcRequest::Push {
+        id: RequestId(1),
+        round: 1,
+        header: vec![0xaa; MAX_HEADER_BYTES],
+        body: vec![0xbb; 4 * MAX_REQUEST_BYTES],
+        known: vec![vec![0x10; 38]; 64],
+    };
+    let bytes = push.encode().unwrap();
+    assert!(bytes.len() > MAX_REQUEST_BYTES);
+    assert_eq!(RpcRequest::decode(&bytes).unwrap(), push);
+    // But not past its own limit: the length alone refuses it.
+    let huge = vec![5u8; MAX_PUSH_REQUEST_BYTES + 1];
+    assert_eq!(
+        RpcRequest::decode(&huge),
+        Err(RpcDecodeError::Oversize {
+            what: "request",
+            len: (MAX_PUSH_REQUEST_BYTES + 1) as u64,
+            max: MAX_PUSH_REQUEST_BYTES as u64,
+        })
+    );
+}
+
+#[test]
+fn pushed_and_merged_packets_keep_their_limits() {
+    let push = RpcRequest::Push {
+        id: RequestId(1),
+        round: 1,
+        header: vec![0; MAX_HEADER_BYTES + 1],
+        body: vec![],
+        known: vec![],
+    };
+    assert!(matches!(
+        push.encode(),
+        Err(RpcEncodeError::Oversize { what: "header", .. })
+    ));
+    let merge = RpcResponse::Merge {
+        id: RequestId(1),
+        header: vec![],
+        body: vec![0; MAX_BODY_BYTES + 1],
+        listed: vec![],
+    };
+    assert!(matches!(
+        merge.encode(),
+        Err(RpcEncodeError::Oversize { what: "body", .. })
+    ));
+    // A header over its limit, crafted: refused before the peer list is read.
+    let mut bytes = vec![5u8, 1, 1];
+    varint((MAX_HEADER_BYTES + 1) as u64, &mut bytes);
+    bytes.resize(bytes.len() + MAX_HEADER_BYTES + 1, 0);
+    bytes.extend([0, 0]);
+    assert!(matches!(
+        RpcRequest::decode(&bytes),
+        Err(RpcDecodeError::Oversize { what: "header", .. })
+    ));
+    // A merge-sized answer is refused for a push: its answer is small.
+    let push = push_with(vec![]);
+    let big = RpcResponse::Merge {
+        id: RequestId(1),
+        header: vec![],
+        body: vec![0; MAX_PUSH_ANSWER_BYTES],
+        listed: vec![],
+    }
+    .encode()
+    .unwrap();
+    assert!(matches!(
+        RpcResponse::decode(&big, push.response_limit()),
+        Err(RpcDecodeError::Oversize {
+            what: "response",
+            ..
+        })
+    ));
+    // A refusal's flag is a postcard bool: anything but 0 or 1 is malformed.
+    assert!(matches!(
+        RpcResponse::decode(&[4, 1, 4, 2], MAX_RESPONSE_BYTES),
+        Err(RpcDecodeError::Malformed { .. })
+    ));
 }

@@ -181,6 +181,9 @@ impl Codec for RpcCodec {
     where
         T: AsyncRead + Unpin + Send,
     {
+        // `RpcRequest::decode` takes a push up to `MAX_PUSH_REQUEST_BYTES`, but the node does
+        // not serve the hub exchange over the network yet: frames stay at the ordinary request
+        // limit, so a push with a real body is refused here as oversize.
         let bytes = match read_frame(io, MAX_REQUEST_BYTES).await {
             Ok(bytes) => bytes,
             Err(FrameError::Codec(e @ CodecError::FrameTooLarge { .. })) => {

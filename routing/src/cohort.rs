@@ -38,10 +38,42 @@
 
 /// The rank of a peer identity (its encoded bytes) in the hub order: the first 8 bytes of its
 /// blake3 hash. Every member computes the same rank for the same peer.
+///
+/// An identity's fixed rank can be ground: mint keys until one ranks below every peer, and it
+/// is the hub of every cohort that admits it. The exchange ranks by [`hub_rank_at`] instead.
 pub fn hub_rank(identity: &[u8]) -> u64 {
     let h = blake3::hash(identity);
     let mut word = [0u8; 8];
     word.copy_from_slice(&h.as_bytes()[..8]);
+    u64::from_le_bytes(word)
+}
+
+/// The rank of a peer identity in the hub order of rank window `window`
+/// (`kindred_routing::exchange::ExchangeConfig::rank_window` rounds each): the first 8 bytes of
+/// a blake3 hash, in its own key-derivation context, of the window and the identity.
+///
+/// What it protects against: an identity ground once for a low rank holds it for one window
+/// only, and ranks in other windows are independent of it, so one lucky key does not make a
+/// permanent hub. What it does not: the window number is public, so a patient attacker grinds
+/// a key per window ahead of time and runs it when its window comes. No value in a swarm
+/// without a coordinator is both agreed by every member and unknown to an attacker in
+/// advance; what bounds the damage of a hostile hub are the members' checks of every merge
+/// and model (direction, norm, their own data) and their bans (`kindred-sim learn --hostile
+/// 0.2 --hostile-low-rank`, where attackers rank lowest in every window).
+///
+/// ```
+/// use kindred_routing::hub_rank_at;
+///
+/// let id = b"some peer id";
+/// assert_eq!(hub_rank_at(id, 3), hub_rank_at(id, 3));
+/// assert_ne!(hub_rank_at(id, 3), hub_rank_at(id, 4));
+/// ```
+pub fn hub_rank_at(identity: &[u8], window: u64) -> u64 {
+    let mut h = blake3::Hasher::new_derive_key("kindred 2026-11-25 hub rank by window");
+    h.update(&window.to_le_bytes());
+    h.update(identity);
+    let mut word = [0u8; 8];
+    word.copy_from_slice(&h.finalize().as_bytes()[..8]);
     u64::from_le_bytes(word)
 }
 
@@ -139,6 +171,17 @@ impl<P: Clone + Ord> Cohort<P> {
     /// The known peers, lowest rank first.
     pub fn members(&self) -> impl Iterator<Item = &P> {
         self.members.iter().map(|(_, p)| p)
+    }
+
+    /// Rank the node and every known peer anew (a new rank window, [`hub_rank_at`]): the
+    /// lowest ranks are kept if the view is full.
+    pub fn rerank(&mut self, rank: impl Fn(&P) -> u64) {
+        self.own_rank = rank(&self.own);
+        for (r, p) in &mut self.members {
+            *r = rank(p);
+        }
+        self.members.sort();
+        self.members.truncate(self.max_members);
     }
 
     /// The known peers with their ranks, lowest rank first (what a hub lists in its answer).

@@ -60,7 +60,7 @@ pub mod snapshot;
 pub mod store;
 pub mod transport;
 
-pub use cohort::{Cohort, HUB_STRIKES, hub_rank, is_hub_candidate};
+pub use cohort::{Cohort, HUB_STRIKES, hub_rank, hub_rank_at, is_hub_candidate};
 pub use config::{
     ConnectionConfig, CoreConfig, CosineGate, KadConfig, KadMode, LookupConfig, RoutingConfig,
     TransportConfig, TransportKind,

@@ -590,7 +590,10 @@ impl RoutingCore {
             }
             RpcResponse::Headers { headers, .. } => headers,
             RpcResponse::Error { .. } => return,
-            RpcResponse::Body { .. } | RpcResponse::Snapshot { .. } => {
+            RpcResponse::Body { .. }
+            | RpcResponse::Snapshot { .. }
+            | RpcResponse::PushAnswer { .. }
+            | RpcResponse::Merge { .. } => {
                 return self.reject(&peer, "unexpected_response", Some(Severity::Major), now);
             }
         };
@@ -723,7 +726,10 @@ impl RoutingCore {
                 self.metrics.request_failed(RpcKind::Body, "not_found");
                 return;
             }
-            RpcResponse::Headers { .. } | RpcResponse::Snapshot { .. } => {
+            RpcResponse::Headers { .. }
+            | RpcResponse::Snapshot { .. }
+            | RpcResponse::PushAnswer { .. }
+            | RpcResponse::Merge { .. } => {
                 return self.reject(&peer, "unexpected_response", Some(Severity::Major), now);
             }
         };

@@ -30,7 +30,7 @@ impl Traffic {
     }
 }
 
-/// Traffic of one exchange kind (`headers`, `body` or `snapshot`).
+/// Traffic of one exchange kind (`headers`, `body`, `snapshot`, `push` or `merge`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct KindTraffic {
     /// Requests this node sent.
@@ -67,6 +67,10 @@ pub struct RoutingMetrics {
     pub body: KindTraffic,
     /// `GetSnapshot` / `Snapshot` traffic.
     pub snapshot: KindTraffic,
+    /// `Push` / `PushAnswer` traffic (the hub exchange).
+    pub push: KindTraffic,
+    /// `GetMerge` / `Merge` traffic (the hub exchange).
+    pub merge: KindTraffic,
     /// Traffic per peer (bounded, see [`MAX_PEERS_TRACKED`]).
     pub peers: HashMap<PeerId, PeerTraffic>,
     /// Traffic of peers past the per-peer bound.
@@ -114,6 +118,8 @@ impl RoutingMetrics {
             RpcKind::Headers => &mut self.headers,
             RpcKind::Body => &mut self.body,
             RpcKind::Snapshot => &mut self.snapshot,
+            RpcKind::Push => &mut self.push,
+            RpcKind::Merge => &mut self.merge,
         }
     }
 

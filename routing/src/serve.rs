@@ -9,7 +9,10 @@
 //! - a body goes out only as the answer to a `GetBody` naming its id: nothing is ever pushed;
 //! - `GetSnapshot` returns the node's newest model snapshot, if the store holds one, and only
 //!   to a peer that was served one of this node's bodies lately (one snapshot per body: see
-//!   [`crate::snapshot`]); anyone else is refused.
+//!   [`crate::snapshot`]); anyone else is refused;
+//! - the hub exchange's `Push` and `GetMerge` are refused: the node does not run the hub
+//!   exchange over the network yet (the codec does not even read a push past the ordinary
+//!   request limit).
 //!
 //! Banned peers get [`RpcErrorCode::Refused`]; every request and response is counted per kind
 //! and per peer. A request that does not decode (or claims more than the request limit) reaches
@@ -111,6 +114,11 @@ impl RoutingCore {
                         not_found
                     }
                     None => not_found,
+                },
+                // The hub exchange is not served over the network yet.
+                RpcRequest::Push { .. } | RpcRequest::GetMerge { .. } => RpcResponse::Error {
+                    id,
+                    code: RpcErrorCode::Refused,
                 },
             }
         };

@@ -227,7 +227,10 @@ impl RoutingCore {
                 self.metrics.request_failed(kind, label);
                 return Err(error);
             }
-            RpcResponse::Headers { .. } | RpcResponse::Body { .. } => {
+            RpcResponse::Headers { .. }
+            | RpcResponse::Body { .. }
+            | RpcResponse::PushAnswer { .. }
+            | RpcResponse::Merge { .. } => {
                 return Err(invalid(self, "unexpected_response", Severity::Major));
             }
         };

@@ -322,6 +322,43 @@ fn a_node_serves_only_what_it_announced_and_bodies_only_by_id() {
 }
 
 #[test]
+fn hub_exchange_requests_are_refused_until_the_node_serves_them() {
+    let now = Instant::now();
+    let cfg = config();
+    let mut nodes = cluster(2, 1, &cfg, 2);
+    let asker = nodes[1].peer();
+    let b = &mut nodes[0];
+    let requests = [
+        RpcRequest::Push {
+            id: RequestId(6),
+            round: 1,
+            header: b.packet.header_bytes.clone(),
+            body: b.packet.body_bytes.clone(),
+            known: vec![asker.to_bytes()],
+        },
+        RpcRequest::GetMerge {
+            id: RequestId(7),
+            round: 1,
+        },
+    ];
+    for request in &requests {
+        assert_eq!(
+            serve(b, asker, request, now),
+            RpcResponse::Error {
+                id: request.id(),
+                code: RpcErrorCode::Refused
+            }
+        );
+    }
+    let m = b.core.metrics();
+    assert_eq!(m.push.requests_received.messages, 1);
+    assert_eq!(m.push.responses_sent.messages, 1);
+    assert_eq!(m.merge.requests_received.messages, 1);
+    assert_eq!(m.merge.responses_sent.messages, 1);
+    assert_eq!(m.headers.requests_received.messages, 0);
+}
+
+#[test]
 fn invalid_responses_are_rejected_scored_and_end_in_a_ban() {
     let now = Instant::now();
     let cfg = config();
@@ -460,12 +497,10 @@ fn replays_and_mismatched_headers_are_dropped() {
                     id: *id,
                     headers: headers.clone(),
                 }),
-                RpcRequest::GetBody { id, .. } | RpcRequest::GetSnapshot { id } => {
-                    Ok(RpcResponse::Error {
-                        id: *id,
-                        code: RpcErrorCode::NotFound,
-                    })
-                }
+                other => Ok(RpcResponse::Error {
+                    id: other.id(),
+                    code: RpcErrorCode::NotFound,
+                }),
             },
         )
         .0

@@ -14,8 +14,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use kindred_routing::exchange::{
-    Answer, Apply, Exchange, ExchangeConfig, Input, MergeVerdict, Millis, ModelVerdict, Output,
-    Role, SeenHeader, Snapshot, Timing,
+    Apply, Exchange, ExchangeConfig, Input, MergeVerdict, Millis, ModelVerdict, Output, Role,
+    SeenHeader, Snapshot, Timing,
 };
 use kindred_routing::hub_rank;
 use proptest::prelude::*;
@@ -290,13 +290,7 @@ impl Net {
             }
             Output::Answer { to, round, answer } => {
                 // The receiving driver computes a hinted hub's rank itself.
-                let answer = match answer {
-                    Answer::NotHub { hub, .. } => Answer::NotHub {
-                        hub,
-                        rank: self.node(hub).rank,
-                    },
-                    other => other,
-                };
+                let answer = answer.ranked_by(|hub| self.node(*hub).rank);
                 if self.is_up(to) {
                     self.send(
                         to,
@@ -360,7 +354,7 @@ impl Net {
                 merge,
                 listed,
             } => {
-                for m in to {
+                for (m, fresh) in to {
                     if self.is_up(m) {
                         let cosine = self.cosine(m, i);
                         let input = Input::MergeReceived {
@@ -368,10 +362,15 @@ impl Net {
                             round,
                             merge: merge.clone(),
                             cosine,
-                            listed: listed.clone(),
+                            listed: if fresh { listed.clone() } else { Vec::new() },
                         };
                         self.send(m, input);
                     }
+                }
+            }
+            Output::FetchMerge { hub, round } => {
+                if self.is_up(hub) {
+                    self.send(hub, Input::MergeAsked { from: i, round });
                 }
             }
             Output::Ban { .. } => {}

@@ -16,9 +16,13 @@ pub struct Timing {
     /// A hub closes its admission at this share of the round and asks for its merge; a member
     /// not joined by then gives up the round. Default 600.
     pub collect_permille: u16,
-    /// Milliseconds a push waits for its first answer ([`super::Answer::Accepted`] or another)
-    /// before the hub counts as gone for the round. Default 5,000.
+    /// Milliseconds a push or a model fetch waits for its answer before it is sent again
+    /// ([`ExchangeConfig::retries`]) or the hub counts as gone for the round. Default 5,000.
     pub answer_ms: u64,
+    /// A member accepted by its hub that has no merge by this share of the round asks the hub
+    /// for it ([`super::Output::FetchMerge`]): the merge it was sent may have been lost.
+    /// Default 800.
+    pub merge_ask_permille: u16,
 }
 
 impl Default for Timing {
@@ -27,6 +31,7 @@ impl Default for Timing {
             search_permille: 250,
             collect_permille: 600,
             answer_ms: 5_000,
+            merge_ask_permille: 800,
         }
     }
 }
@@ -62,8 +67,21 @@ pub struct ExchangeConfig {
     /// Exchange round from which merges are checked on the node's data too (a member's first
     /// merge from a hub is not: its data checked the hub's model before it pushed). Default 1.
     pub data_checks_from: u64,
+    /// Rounds per rank window: ranks are [`crate::hub_rank_at`] of the round's window, so a
+    /// ground identity is a low rank for one window only. Default 100: each change of window
+    /// moves most cohorts to a new hub, which each member joins anew (a model fetch, about
+    /// 52 KB for the MNIST MLP), so short windows cost bytes.
+    pub rank_window: u64,
     /// Redirects ([`super::Answer::NotHub`]) a member follows within one round. Default 2.
     pub max_redirects: u32,
+    /// Times a member sends a push or a model fetch again when no answer came in
+    /// [`Timing::answer_ms`], per round. Default 1: at 5% message loss it halves the rounds a
+    /// member misses its merge (`kindred-sim learn --msg-loss 0.05`).
+    pub retries: u32,
+    /// Most peers a push's view or a merge's listing names, the lowest ranks first: what a
+    /// hub needs to hand over to a lower rank, and a member to fall back to the next. A list
+    /// is sent only when it changed since the peer last received one. Default 32.
+    pub max_listed: usize,
     /// The gate of search results and of a hub's admission.
     pub gate: CosineGate,
     /// Deadlines inside a round.
@@ -83,7 +101,10 @@ impl Default for ExchangeConfig {
             max_pushers: 256,
             max_misses: 2,
             data_checks_from: 1,
+            rank_window: 100,
             max_redirects: 2,
+            retries: 1,
+            max_listed: 32,
             gate: CosineGate::default(),
             timing: Timing::default(),
         }

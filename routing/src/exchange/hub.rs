@@ -3,7 +3,7 @@
 
 use super::Exchange;
 use super::io::{Answer, Apply, Output, Role, Ticket};
-use super::round::{PushIn, Step};
+use super::round::{PushIn, Served, Step};
 
 impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
     /// A push: held for the admission if the node is (or may still be) its own hub, otherwise
@@ -13,20 +13,15 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
         let own_hub = self.view.is_own(&hub);
         let rank = self.rank_of(&hub);
         let max = self.config.max_pushers;
+        let from = push.from.clone();
         let answer = match self.round.as_mut() {
             Some(r) if r.number == round => match (&r.step, r.role) {
                 (_, Role::Local) => Answer::Busy,
+                // Its own hub, or joining a hub its data has not checked yet: held.
                 (Step::Packet | Step::Search { .. } | Step::Collect { .. }, _) if own_hub => {
-                    if let Some(held) = r.pushes.iter_mut().find(|p| p.from == push.from) {
-                        *held = push.clone();
-                        Answer::Accepted
-                    } else if r.pushes.len() < max {
-                        r.pushes.push(push.clone());
-                        Answer::Accepted
-                    } else {
-                        Answer::Busy
-                    }
+                    hold(r, push, max)
                 }
+                (Step::Fetch { .. } | Step::CheckModel { .. }, Role::Member) => hold(r, push, max),
                 (Step::Merging { .. } | Step::CheckOwn { .. } | Step::Done, Role::Hub) => {
                     Answer::Late
                 }
@@ -38,7 +33,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             _ => Answer::Busy,
         };
         self.out.push_back(Output::Answer {
-            to: push.from,
+            to: from,
             round,
             answer,
         });
@@ -164,15 +159,35 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
         // Views spread both ways: the hub learns its members and the peers they know, so a
         // connected cohort ends with one hub.
         let nearest = admitted.first().map_or(f32::NEG_INFINITY, |p| p.cosine);
-        let mut to = Vec::with_capacity(admitted.len());
+        let mut members = Vec::with_capacity(admitted.len());
         for p in admitted {
             self.view
                 .learn(std::iter::once((p.from.clone(), p.rank)).chain(p.known));
-            to.push(p.from);
+            members.push(p.from);
         }
-        self.joined = Some(own);
+        self.joined = Some(own.clone());
         self.view.merged(nearest);
-        let listed = self.view.listed(self.joined.as_ref());
+        let mut listed = self.view.listed(self.joined.as_ref());
+        listed.truncate(self.config.max_listed);
+        // A member gets the listing when it changed since the member last got one.
+        let version = self.view.version();
+        if self.listed_to.len() > self.config.max_members.saturating_mul(2) {
+            self.listed_to.clear();
+        }
+        let to = members
+            .iter()
+            .map(|p| {
+                let fresh = self.listed_to.insert(p.clone(), version) != Some(version);
+                (p.clone(), fresh)
+            })
+            .collect();
+        if let Some(r) = self.round.as_mut() {
+            r.served = Some(Served {
+                merge: merge.clone(),
+                listed: listed.clone(),
+                members,
+            });
+        }
         self.out.push_back(Output::ServeMerge {
             to,
             round,
@@ -180,6 +195,26 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             listed,
         });
         self.finish(Apply::Merge { merge, adopt: None }, false);
+    }
+
+    /// A member asks again for the merge of `round` (the one it was sent may have been lost):
+    /// served once more, with the listing, if the hub served it this round.
+    pub(super) fn merge_asked(&mut self, from: P, round: u64) {
+        let Some(served) = self
+            .round
+            .as_ref()
+            .filter(|r| r.number == round)
+            .and_then(|r| r.served.as_ref())
+            .filter(|s| s.members.contains(&from))
+        else {
+            return;
+        };
+        self.out.push_back(Output::ServeMerge {
+            to: vec![(from, true)],
+            round,
+            merge: served.merge.clone(),
+            listed: served.listed.clone(),
+        });
     }
 
     /// The hub's own data refused its merge: it heads another task's cohort. It serves nobody,
@@ -198,5 +233,23 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             });
         }
         self.finish(Apply::Nothing, false);
+    }
+}
+
+/// Hold `push` for the round's admission (a pusher's newer push replaces its older one), or
+/// answer busy when `max` are held.
+fn hold<P: PartialEq, M>(
+    r: &mut super::round::Round<P, M>,
+    push: PushIn<P, M>,
+    max: usize,
+) -> Answer<P> {
+    if let Some(held) = r.pushes.iter_mut().find(|p| p.from == push.from) {
+        *held = push;
+        Answer::Accepted
+    } else if r.pushes.len() < max {
+        r.pushes.push(push);
+        Answer::Accepted
+    } else {
+        Answer::Busy
     }
 }

@@ -26,8 +26,8 @@ pub struct Ticket(pub u64);
 
 /// A peer's header as a search returned it, with what the driver measured of it.
 ///
-/// `rank` and `hub_rank` are the driver's [`crate::hub_rank`] of the identities, never values
-/// taken from the network; `cosine` is the sketch cosine of the header's embedding with the
+/// `rank` and `hub_rank` are the driver's [`crate::hub_rank_at`] of the identities in the
+/// node's rank window, never values taken from the network; `cosine` is the sketch cosine of the header's embedding with the
 /// node's own packet.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SeenHeader<P> {
@@ -73,6 +73,20 @@ pub enum Answer<P> {
     },
 }
 
+impl<P> Answer<P> {
+    /// The answer with a [`Answer::NotHub`] hint ranked by `rank`, the receiving driver's
+    /// [`crate::hub_rank_at`] (a rank is never taken from the network).
+    pub fn ranked_by(self, rank: impl FnOnce(&P) -> u64) -> Self {
+        match self {
+            Self::NotHub { hub, .. } => {
+                let rank = rank(&hub);
+                Self::NotHub { hub, rank }
+            }
+            other => other,
+        }
+    }
+}
+
 /// What a node's own data made of a hub's model before it joins the hub
 /// (`kindred_distill::check_by_data`, then `kindred_distill::check_adoption`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,7 +97,8 @@ pub enum ModelVerdict {
     /// The data accepts the model but it is far from the node's own (or there was nothing to
     /// fetch): the node keeps its model and applies the hub's merges to it.
     Keep,
-    /// The data refuses the model (another task's, or corrupted): the node does not push.
+    /// The data refuses the model (another task's, or corrupted): the node does not push,
+    /// strikes the hub and takes the next rank.
     Refuse,
 }
 
@@ -165,6 +180,13 @@ pub enum Input<P, M> {
         cosine: f32,
         /// The hub's view ([`crate::Cohort::listed`]), ranks recomputed by the driver.
         listed: Vec<(P, u64)>,
+    },
+    /// A member asks again for the hub's merge of `round` ([`Output::FetchMerge`]).
+    MergeAsked {
+        /// The member.
+        from: P,
+        /// The round.
+        round: u64,
     },
     /// The hub's model fetched for [`Output::FetchModel`]; `None` if the fetch failed.
     ModelReceived {
@@ -281,7 +303,8 @@ pub enum Output<P, M> {
         round: u64,
         /// The node's packet.
         packet: M,
-        /// Its view, ranked (what the hub may learn).
+        /// Its view, the lowest ranks first, at most [`super::ExchangeConfig::max_listed`]
+        /// peers (what the hub may learn); empty when this hub got this view already.
         known: Vec<(P, u64)>,
     },
     /// Answer a push.
@@ -321,14 +344,24 @@ pub enum Output<P, M> {
     },
     /// Send the merge to the admitted members, with the hub's view.
     ServeMerge {
-        /// The members.
-        to: Vec<P>,
+        /// The members, each with whether it gets `listed` (the others got this view with an
+        /// earlier merge, and get an empty listing).
+        to: Vec<(P, bool)>,
         /// The round.
         round: u64,
         /// The merge.
         merge: M,
-        /// The hub's view ([`crate::Cohort::listed`]).
+        /// The hub's view ([`crate::Cohort::listed`]), at most
+        /// [`super::ExchangeConfig::max_listed`] peers, the lowest ranks first.
         listed: Vec<(P, u64)>,
+    },
+    /// Ask hub `hub` again for its merge of `round` (the member was accepted and no merge
+    /// came): deliver as [`Input::MergeAsked`].
+    FetchMerge {
+        /// The hub.
+        hub: P,
+        /// The round.
+        round: u64,
     },
     /// The node banned `peer` (its merges or models failed twice in a row): the driver may ban
     /// it at the network layer too.

@@ -92,7 +92,30 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
         }
         r.role = Role::Member;
         r.hub = Some(hub.clone());
-        // Pushes it held as a would-be hub go to its hub.
+        if joined {
+            self.redirect_held(&hub, rank);
+            self.push(now, Joining::Member);
+        } else {
+            // Pushes it holds stay held until its data accepts the new hub's model: a hint
+            // names only a hub the node checked, or a cohort follows it into another task's
+            // hub and pays a model fetch each (`kindred-sim learn --setting rotation`: 60 KB
+            // per node in a search round, against 22 KB).
+            // Joining: fetch the hub's model and check it on the node's own data first.
+            // A join started late in the round (after a redirect) still gets `answer_ms`.
+            let close = until.max(now.saturating_add(answer_ms)).min(deadline);
+            let ticket = self.ticket();
+            self.set_step(Step::Fetch {
+                ticket,
+                until: now.saturating_add(answer_ms).min(close),
+                close,
+            });
+            self.out.push_back(Output::FetchModel { ticket, hub });
+        }
+    }
+
+    /// Pushes the node held as a would-be hub go to `hub`, its checked hub.
+    fn redirect_held(&mut self, hub: &P, rank: u64) {
+        let Some(r) = self.round.as_mut() else { return };
         let round = r.number;
         for p in std::mem::take(&mut r.pushes) {
             self.out.push_back(Output::Answer {
@@ -104,29 +127,81 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
                 },
             });
         }
-        if joined {
-            self.push(now, Joining::Member);
-        } else {
-            // Joining: fetch the hub's model and check it on the node's own data first.
-            // A join started late in the round (after a redirect) still gets `answer_ms`.
-            let until = until.max(now.saturating_add(answer_ms)).min(deadline);
-            let ticket = self.ticket();
-            self.set_step(Step::Fetch { ticket, until });
-            self.out.push_back(Output::FetchModel { ticket, hub });
-        }
     }
 
-    fn push(&mut self, now: Millis, joining: Joining<M>) {
-        let known = self.view.ranked();
+    /// No answer to a fetch in time: ask again, with a new ticket.
+    pub(super) fn fetch_again(&mut self, now: Millis, close: Millis) {
         let answer_ms = self.config.timing.answer_ms;
+        let ticket = self.ticket();
         let Some(r) = self.round.as_mut() else { return };
-        let (Some(packet), Some(hub)) = (r.packet.clone(), r.hub.clone()) else {
+        let Some(hub) = r.hub.clone() else { return };
+        r.retries += 1;
+        r.step = Step::Fetch {
+            ticket,
+            until: now.saturating_add(answer_ms).min(close),
+            close,
+        };
+        self.out.push_back(Output::FetchModel { ticket, hub });
+    }
+
+    /// The hub answered neither a push (or fetch) nor its retry: it is gone (crashed, or
+    /// unreachable), and the member forgets it at once rather than after
+    /// [`crate::exchange::ExchangeConfig::max_misses`] rounds (a hub alive but busy or late
+    /// answers). At `kindred-sim learn --setting label --hub-crash 0.1 --down-rounds 3` (64
+    /// nodes, seeds 1-3) this spares members a second lost round per crash.
+    pub(super) fn gone(&mut self) {
+        if let Some(hub) = self.member_hub() {
+            tracing::debug!(?hub, "exchange: hub gone");
+            self.misses = None;
+            self.view.forget(&hub);
+            if self.joined.as_ref() == Some(&hub) {
+                self.joined = None;
+            }
+        }
+        self.finish(Apply::Nothing, true);
+    }
+
+    /// Accepted, but no merge by [`crate::exchange::Timing::merge_ask_permille`]: ask the hub
+    /// for it (once).
+    pub(super) fn ask_merge(&mut self) {
+        let Some(r) = self.round.as_mut() else { return };
+        let Step::Pushed { ask, .. } = &mut r.step else {
             return;
         };
+        *ask = None;
+        let Some(hub) = r.hub.clone() else { return };
+        self.out.push_back(Output::FetchMerge {
+            hub,
+            round: r.number,
+        });
+    }
+
+    pub(super) fn push(&mut self, now: Millis, joining: Joining<M>) {
+        let version = self.view.version();
+        let answer_ms = self.config.timing.answer_ms;
+        let max_listed = self.config.max_listed;
+        let Some((packet, hub)) = self
+            .round
+            .as_ref()
+            .and_then(|r| Some((r.packet.clone()?, r.hub.clone()?)))
+        else {
+            return;
+        };
+        // The hub heard this view already: the push names no peers.
+        let known = if self.told.as_ref() == Some(&(hub.clone(), version)) {
+            Vec::new()
+        } else {
+            let mut known = self.view.ranked();
+            known.truncate(max_listed);
+            known
+        };
+        let Some(r) = self.round.as_mut() else { return };
+        r.told_version = version;
         r.step = Step::Pushed {
             joining,
             accepted: false,
             answer_by: now.saturating_add(answer_ms).min(r.deadline),
+            ask: None,
         };
         self.out.push_back(Output::Push {
             to: hub,
@@ -138,13 +213,19 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
 
     pub(super) fn model_received(&mut self, ticket: Ticket, model: Option<M>) {
         let Some(r) = self.round.as_ref() else { return };
-        let (Step::Fetch { ticket: t, until }, Some(hub)) = (&r.step, r.hub.clone()) else {
+        let (
+            Step::Fetch {
+                ticket: t, close, ..
+            },
+            Some(hub),
+        ) = (&r.step, r.hub.clone())
+        else {
             return;
         };
         if *t != ticket {
             return;
         }
-        let until = *until;
+        let until = *close;
         match model {
             Some(model) => {
                 let ticket = self.ticket();
@@ -179,24 +260,55 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
         }
         let model = model.clone();
         match verdict {
-            ModelVerdict::Adopt => self.push(now, Joining::Adopt(model)),
-            ModelVerdict::Keep => self.push(now, Joining::Keep),
+            ModelVerdict::Adopt | ModelVerdict::Keep => {
+                let rank = self.rank_of(&hub);
+                self.redirect_held(&hub, rank);
+                let joining = if verdict == ModelVerdict::Adopt {
+                    Joining::Adopt(model)
+                } else {
+                    Joining::Keep
+                };
+                self.push(now, joining);
+            }
             ModelVerdict::Refuse => {
-                // Its update never enters another task's merge.
+                // Its update never enters another task's (or a liar's) merge. It is early in
+                // the round: the node takes the next rank now, as after a redirect, so a hub
+                // its data refuses costs it a model fetch, not a round.
                 tracing::debug!(?hub, "exchange: its data refuses the hub's model");
                 self.refuse(&hub);
-                self.finish(Apply::Nothing, false);
+                self.next_rank(now, &hub);
             }
+        }
+    }
+
+    /// `left` is no longer the node's hub (refused): within the round's redirect budget it
+    /// chooses again (another hub to join, or itself), otherwise it ends the round alone.
+    fn next_rank(&mut self, now: Millis, left: &P) {
+        let max_redirects = self.config.max_redirects;
+        let moved = self.view.hub() != *left;
+        let Some(r) = self.round.as_mut() else { return };
+        r.redirects += 1;
+        if moved && r.redirects <= max_redirects {
+            r.step = Step::Packet;
+            self.choose(now);
+        } else {
+            self.finish(Apply::Nothing, false);
         }
     }
 
     pub(super) fn answer_received(&mut self, now: Millis, from: P, round: u64, answer: Answer<P>) {
         let max_redirects = self.config.max_redirects;
+        let ask_permille = self.config.timing.merge_ask_permille;
         let Some(r) = current(&mut self.round, round) else {
             return;
         };
+        let ask_at = r.at(ask_permille);
+        let deadline = r.deadline;
         let Step::Pushed {
-            joining, accepted, ..
+            joining,
+            accepted,
+            ask,
+            ..
         } = &mut r.step
         else {
             return;
@@ -205,7 +317,12 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             return;
         };
         match answer {
-            Answer::Accepted => *accepted = true,
+            Answer::Accepted => {
+                if !*accepted {
+                    *accepted = true;
+                    *ask = Some(ask_at.max(now)).filter(|&t| t < deadline);
+                }
+            }
             Answer::Late => self.finish(Apply::Nothing, false),
             Answer::Busy => {
                 self.miss(&hub);
@@ -303,6 +420,8 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
         let Some(hub) = self.member_hub() else { return };
         match verdict {
             MergeVerdict::Pass => {
+                let told = self.round.as_ref().map_or(0, |r| r.told_version);
+                self.told = Some((hub.clone(), told));
                 self.view.passed(&hub);
                 let adopt = match joining {
                     Joining::Adopt(model) => Some(model),
@@ -315,10 +434,12 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
                 self.finish(Apply::Merge { merge, adopt }, false);
             }
             MergeVerdict::Aggregate => {
+                // A strike, and the node takes the next rank from its next round: a hub whose
+                // merges fail (a liar that ground a low rank) costs each member one round, not
+                // two. An honest hub struck once by chance is relearned from its cohort's
+                // listings, and a second strike in a row bans it.
                 tracing::debug!(?hub, "exchange: merge fails its check");
-                if self.view.failed(&hub) {
-                    self.out.push_back(Output::Ban { peer: hub });
-                }
+                self.refuse(&hub);
                 self.finish(Apply::Nothing, false);
             }
             MergeVerdict::Data => {

@@ -31,19 +31,26 @@ pub(super) enum Step<P, M> {
     Packet,
     /// Waiting for the search.
     Search { until: Millis },
-    /// A member waiting for its hub's model (until the hub's admission closes).
-    Fetch { ticket: Ticket, until: Millis },
+    /// A member waiting for its hub's model: `until` this attempt gives up, `close` the last
+    /// moment to fetch (the hub's admission closes).
+    Fetch {
+        ticket: Ticket,
+        until: Millis,
+        close: Millis,
+    },
     /// A member waiting for its data's verdict on the hub's model.
     CheckModel {
         ticket: Ticket,
         model: M,
         until: Millis,
     },
-    /// A member that pushed, waiting for the answer and the merge.
+    /// A member that pushed, waiting for the answer and the merge; once accepted, it asks for
+    /// the merge at `ask` if none came.
     Pushed {
         joining: Joining<M>,
         accepted: bool,
         answer_by: Millis,
+        ask: Option<Millis>,
     },
     /// A member waiting for its checks of the merge.
     CheckMerge {
@@ -84,6 +91,20 @@ pub(super) struct Round<P, M> {
     /// Pushes held before and during the admission (a hub's).
     pub(super) pushes: Vec<PushIn<P, M>>,
     pub(super) redirects: u32,
+    /// The version of its view a member's push carried ([`super::View::version`]).
+    pub(super) told_version: u64,
+    /// Pushes and fetches sent again this round.
+    pub(super) retries: u32,
+    /// What a hub served this round, for members that ask again.
+    pub(super) served: Option<Served<P, M>>,
+}
+
+/// A hub's merge of the round, kept for the members that ask for it again.
+#[derive(Debug, Clone)]
+pub(super) struct Served<P, M> {
+    pub(super) merge: M,
+    pub(super) listed: Vec<(P, u64)>,
+    pub(super) members: Vec<P>,
 }
 
 impl<P, M> Round<P, M> {
@@ -107,6 +128,11 @@ impl<P, M> Round<P, M> {
                 answer_by,
                 ..
             } => Some(*answer_by),
+            Step::Pushed {
+                accepted: true,
+                ask,
+                ..
+            } => *ask,
             _ => None,
         }
     }

@@ -199,7 +199,7 @@ fn a_member_joins_its_hub_and_applies_its_checked_merge() {
     let Some(Output::ServeMerge { to, listed, .. }) = out.first() else {
         panic!("{out:?}");
     };
-    assert_eq!(to, &vec![2]);
+    assert_eq!(to, &vec![(2, true)]);
     assert_eq!(listed, &vec![(1, 10), (2, 20)]);
     assert_eq!(
         finished(&out).unwrap().apply,
@@ -277,20 +277,52 @@ fn a_hub_refuses_what_its_gate_does_not_admit_and_a_non_hub_names_its_hub() {
     let mut hub = Node::new(1, 10, config());
     hub.view.learn([(0, 5)]);
     let out = start(&mut hub, 0, "p1");
-    assert!(matches!(
-        out.as_slice(),
-        [Output::FetchModel { hub: 0, .. }]
-    ));
-    // A push to a node that is not its own hub is answered with its hub.
+    let [Output::FetchModel { hub: 0, ticket }] = out.as_slice() else {
+        panic!("{out:?}");
+    };
+    // A push to a node joining another hub is held until its data has checked that hub...
     push(&mut hub, Millis(10), (7, 70), "p7", 0.2);
     assert!(matches!(
         drain(&mut hub).as_slice(),
         [Output::Answer {
             to: 7,
-            answer: Answer::NotHub { hub: 0, rank: 5 },
+            answer: Answer::Accepted,
             ..
         }]
     ));
+    hub.handle(
+        Millis(20),
+        Input::ModelReceived {
+            ticket: *ticket,
+            model: Some("m0"),
+        },
+    );
+    let Some(Output::CheckModel { ticket, .. }) = hub.poll_output() else {
+        panic!("the model is checked");
+    };
+    hub.handle(
+        Millis(30),
+        Input::ModelChecked {
+            ticket,
+            verdict: ModelVerdict::Keep,
+        },
+    );
+    // ...then answered with its hub, which the node pushes to.
+    let out = drain(&mut hub);
+    assert!(
+        matches!(
+            out.as_slice(),
+            [
+                Output::Answer {
+                    to: 7,
+                    answer: Answer::NotHub { hub: 0, rank: 5 },
+                    ..
+                },
+                Output::Push { to: 0, .. }
+            ]
+        ),
+        "{out:?}"
+    );
 
     let mut alone = Node::new(1, 10, config());
     let _ = start(&mut alone, 0, "p1");
@@ -365,4 +397,137 @@ fn a_snapshot_restores_the_same_behaviour_and_refuses_other_versions() {
             supported: SNAPSHOT_VERSION
         })
     );
+}
+
+#[test]
+fn a_member_pushes_again_asks_for_its_merge_and_names_its_view_once() {
+    let mut cfg = config();
+    cfg.timing.answer_ms = 100;
+    let mut member = Node::new(2, 20, cfg);
+    member.view.learn([(1, 10)]);
+    member.joined = Some(1);
+    let pushed = |out: &[Output<u32, &'static str>]| {
+        out.iter().find_map(|o| match o {
+            Output::Push { to: 1, known, .. } => Some(known.len()),
+            _ => None,
+        })
+    };
+    // Round 0: the push and its retry go unanswered: the hub is gone.
+    assert_eq!(pushed(&start(&mut member, 0, "a")), Some(1));
+    member.handle_timeout(Millis(100));
+    assert_eq!(pushed(&drain(&mut member)), Some(1), "pushed again");
+    member.handle_timeout(Millis(200));
+    let report = finished(&drain(&mut member)).unwrap();
+    assert!(report.missed);
+    assert_eq!(report.apply, Apply::Own("a"));
+    assert_eq!(
+        member.hub(),
+        2,
+        "a hub silent to a push and its retry is forgotten"
+    );
+    // A search finds it again.
+    member.view.learn([(1, 10)]);
+    member.joined = Some(1);
+    // Round 1: accepted, but the merge is lost: the member asks for it at 800 permille.
+    assert_eq!(pushed(&start(&mut member, 1, "b")), Some(1));
+    let answer = |round, answer| Input::AnswerReceived {
+        from: 1,
+        round,
+        answer,
+    };
+    member.handle(Millis(1_010), answer(1, Answer::Accepted));
+    assert_eq!(member.poll_timeout(), Some(Millis(1_800)));
+    member.handle_timeout(Millis(1_800));
+    assert!(matches!(
+        drain(&mut member).as_slice(),
+        [Output::FetchMerge { hub: 1, round: 1 }]
+    ));
+    let merge = |round| Input::MergeReceived {
+        from: 1,
+        round,
+        merge: "m",
+        cosine: 0.9,
+        listed: Vec::new(),
+    };
+    member.handle(Millis(1_850), merge(1));
+    let Some(Output::CheckMerge { ticket, .. }) = member.poll_output() else {
+        panic!("the merge is checked");
+    };
+    member.handle(
+        Millis(1_860),
+        Input::MergeChecked {
+            ticket,
+            verdict: MergeVerdict::Pass,
+        },
+    );
+    assert!(matches!(
+        finished(&drain(&mut member)).unwrap().apply,
+        Apply::Merge { merge: "m", .. }
+    ));
+    // Round 2: the hub heard this view with a merge that came back: the push names nobody.
+    assert_eq!(pushed(&start(&mut member, 2, "c")), Some(0));
+}
+
+#[test]
+fn a_hub_serves_its_merge_again_to_an_admitted_member_only() {
+    let mut hub = Node::new(1, 10, config());
+    hub.handle(
+        Millis(0),
+        Input::RoundStart {
+            round: 0,
+            deadline: Millis(1_000),
+        },
+    );
+    push(&mut hub, Millis(1), (2, 20), "p2", 0.97);
+    hub.handle(
+        Millis(2),
+        Input::PacketReady {
+            round: 0,
+            packet: "p1",
+        },
+    );
+    hub.handle(
+        Millis(3),
+        Input::SearchDone {
+            round: 0,
+            headers: Vec::new(),
+        },
+    );
+    hub.handle_timeout(Millis(600));
+    let ticket = drain(&mut hub)
+        .into_iter()
+        .find_map(|o| match o {
+            Output::Merge { ticket, .. } => Some(ticket),
+            _ => None,
+        })
+        .unwrap();
+    hub.handle(
+        Millis(650),
+        Input::MergeComputed {
+            ticket,
+            merge: Some("m"),
+        },
+    );
+    drain(&mut hub);
+    hub.handle(Millis(800), Input::MergeAsked { from: 3, round: 0 });
+    hub.handle(Millis(801), Input::MergeAsked { from: 2, round: 1 });
+    assert!(drain(&mut hub).is_empty(), "not a member, or another round");
+    hub.handle(Millis(802), Input::MergeAsked { from: 2, round: 0 });
+    let out = drain(&mut hub);
+    let [Output::ServeMerge { to, merge: "m", .. }] = out.as_slice() else {
+        panic!("{out:?}");
+    };
+    assert_eq!(to, &vec![(2, true)]);
+}
+
+#[test]
+fn a_new_rank_window_can_move_the_hub() {
+    let mut node = Node::new(1, 10, config());
+    node.view.learn([(2, 20), (3, 30)]);
+    assert_eq!(node.hub(), 1);
+    node.rerank(1, |p| [0, 50, 40, 5][*p as usize]);
+    assert_eq!((node.rank_window(), node.hub()), (1, 3));
+    let restored = Node::restore(config(), node.snapshot()).unwrap();
+    assert_eq!((restored.rank_window(), restored.hub()), (1, 3));
+    assert_eq!(node.window_of(250), 2);
 }

@@ -16,6 +16,9 @@ pub(super) struct View<P> {
     own_rank: u64,
     banned: Vec<P>,
     strikes: Vec<(P, u32)>,
+    /// Bumped whenever the peers held may have changed: what the node told a peer of its view
+    /// is current while the version is the same.
+    version: u64,
 }
 
 /// A [`View`] as it persists.
@@ -37,7 +40,17 @@ impl<P: Clone + Ord> View<P> {
             own_rank,
             banned: Vec::new(),
             strikes: Vec::new(),
+            version: 0,
         }
+    }
+
+    /// Changes whenever the peers held may have changed.
+    pub(super) fn version(&self) -> u64 {
+        self.version
+    }
+
+    fn changed(&mut self) {
+        self.version = self.version.wrapping_add(1);
     }
 
     pub(super) fn cohort(&self) -> &Cohort<P> {
@@ -52,6 +65,13 @@ impl<P: Clone + Ord> View<P> {
         self.own_rank
     }
 
+    /// Rank the node and its peers anew ([`Cohort::rerank`]).
+    pub(super) fn rerank(&mut self, rank: impl Fn(&P) -> u64) {
+        self.cohort.rerank(&rank);
+        self.own_rank = rank(&self.own);
+        self.changed();
+    }
+
     pub(super) fn hub(&self) -> P {
         self.cohort.hub()
     }
@@ -61,11 +81,16 @@ impl<P: Clone + Ord> View<P> {
     }
 
     pub(super) fn learn(&mut self, peers: impl IntoIterator<Item = (P, u64)>) -> usize {
-        self.cohort.learn(peers)
+        let learned = self.cohort.learn(peers);
+        if learned > 0 {
+            self.changed();
+        }
+        learned
     }
 
     pub(super) fn forget(&mut self, p: &P) {
         self.cohort.forget(p);
+        self.changed();
     }
 
     pub(super) fn merged(&mut self, cosine: f32) {
@@ -91,6 +116,7 @@ impl<P: Clone + Ord> View<P> {
     /// [`Cohort::failed`]; returns whether it banned `p`.
     pub(super) fn failed(&mut self, p: &P) -> bool {
         let banned = self.cohort.failed(p);
+        self.changed();
         if banned {
             self.note_ban(p);
         } else if let Some((_, c)) = self.strikes.iter_mut().find(|(q, _)| q == p) {

@@ -4,7 +4,7 @@ use std::path::Path;
 
 use clap::{Args, ValueEnum};
 use kindred_simulator::experiment::{ExperimentConfig, ExperimentReport, RowSummary, Spread};
-use kindred_simulator::learn::{LearnConfig, Setting};
+use kindred_simulator::learn::{Faults, LearnConfig, Setting};
 use kindred_simulator::plot::{Chart, Series, line_chart};
 use serde_json::{Value, json};
 
@@ -177,7 +177,7 @@ fn row_json(row: &RowSummary) -> Value {
     })
 }
 
-fn summary_json(r: &ExperimentReport, peak: f64) -> Value {
+fn summary_json(r: &ExperimentReport, faults: Faults, peak: f64) -> Value {
     let settings: serde_json::Map<String, Value> = r
         .settings
         .iter()
@@ -213,6 +213,13 @@ fn summary_json(r: &ExperimentReport, peak: f64) -> Value {
         "settings": settings,
         "poisoning": poisoning,
         "acceptance": acceptance(r),
+        // The hub exchange's faults (none in the experiment: `kindred-sim learn` sets them).
+        "faults": {
+            "msg_loss": faults.msg_loss,
+            "hub_crash": faults.hub_crash,
+            "down_rounds": faults.down_rounds,
+            "hostile_low_rank": faults.hostile_low_rank,
+        },
         "seconds": r.seconds,
         "peak_rss_mb": finite(peak),
     })
@@ -294,7 +301,7 @@ pub(crate) fn run(args: &ExperimentArgs) -> anyhow::Result<()> {
         t.row(vec!["poisoned, plain mean".into(), pct(p.plain)]);
         t.print(json);
     }
-    let line = summary_json(&report, peak);
+    let line = summary_json(&report, cfg.base.hub.faults, peak);
     note(
         json,
         &format!(

@@ -4,8 +4,8 @@ use std::path::Path;
 
 use clap::{Args, ValueEnum};
 use kindred_simulator::learn::{
-    Attack, Compression, Consensus, Hostile, LearnConfig, LearnReport, Merge, Partners, PolicySpec,
-    Setting,
+    Attack, Compression, Consensus, Faults, Hostile, LearnConfig, LearnReport, Merge, Partners,
+    PolicySpec, Setting,
 };
 use kindred_simulator::plot::{Chart, Series, line_chart};
 use serde_json::{Value, json};
@@ -148,6 +148,26 @@ pub(crate) struct LearnArgs {
     /// --min-cosine).
     #[arg(long)]
     pub(crate) noise_spreads: Option<f32>,
+    /// Kindred's hub exchange: each exchange message (push, answer, model fetch or reply,
+    /// served merge) is lost with this probability.
+    #[arg(long, default_value_t = 0.0)]
+    pub(crate) msg_loss: f64,
+    /// Kindred's hub exchange: each round, each node that served as a hub in the last round
+    /// crashes with this probability, and comes back after --down-rounds rounds from what it
+    /// persisted (losing what it held in memory).
+    #[arg(long, default_value_t = 0.0)]
+    pub(crate) hub_crash: f64,
+    /// Rounds a crashed hub stays down.
+    #[arg(long, default_value_t = 3)]
+    pub(crate) down_rounds: u64,
+    /// Hostile nodes take the lowest hub ranks in every rank window (they grind identities to
+    /// be every cohort's hub).
+    #[arg(long)]
+    pub(crate) hostile_low_rank: bool,
+    /// Kindred's hub exchange: rounds per rank window (ranks change with the window; default
+    /// 100).
+    #[arg(long)]
+    pub(crate) hub_rank_window: Option<u64>,
 }
 
 impl LearnArgs {
@@ -214,6 +234,11 @@ impl LearnArgs {
             )?;
             c.hub.keys = keys;
         }
+        c.hub.faults = self.faults()?;
+        if let Some(w) = self.hub_rank_window {
+            anyhow::ensure!(w >= 1, "--hub-rank-window must be at least 1");
+            c.hub.rank_window = w;
+        }
         c.eval_nodes = self.eval_nodes;
         c.eval_examples = self.eval_examples;
         c.policies = self
@@ -269,6 +294,33 @@ impl LearnArgs {
             });
         }
         Ok(c)
+    }
+
+    /// `--msg-loss`, `--hub-crash`, `--down-rounds` and `--hostile-low-rank`.
+    pub(crate) fn faults(&self) -> anyhow::Result<Faults> {
+        for (name, p) in [
+            ("--msg-loss", self.msg_loss),
+            ("--hub-crash", self.hub_crash),
+        ] {
+            anyhow::ensure!(
+                (0.0..=1.0).contains(&p),
+                "{name} must be a probability (0 to 1), not {p}"
+            );
+        }
+        anyhow::ensure!(
+            self.hub_crash == 0.0 || self.down_rounds >= 1,
+            "--down-rounds must be at least 1 with --hub-crash"
+        );
+        anyhow::ensure!(
+            !self.hostile_low_rank || self.hostile > 0.0,
+            "--hostile-low-rank needs hostile nodes (--hostile)"
+        );
+        Ok(Faults {
+            msg_loss: self.msg_loss,
+            hub_crash: self.hub_crash,
+            down_rounds: self.down_rounds,
+            hostile_low_rank: self.hostile_low_rank,
+        })
     }
 
     /// The attacks of `--attacks`, in order.
@@ -388,6 +440,8 @@ fn policy_json(r: &LearnReport) -> Value {
                 "dht_bytes_per_node_round": p.rounds.iter().map(|s| s.dht_bytes_per_node).sum::<f64>() / p.rounds.len().max(1) as f64,
                 "body_bytes_mean": p.rounds.last().map_or(0.0, |s| s.body_bytes),
                 "compression_ratio_last": p.rounds.last().map_or(0.0, |s| s.compression_ratio),
+                "hub_changes_per_node": p.hub_changes_per_node,
+                "missed_merges": p.missed_merges,
                 "seconds": p.seconds,
             }),
         );
@@ -481,6 +535,12 @@ pub(crate) fn run(args: &LearnArgs) -> anyhow::Result<()> {
             Vec::new()
         },
         "steps": args.train.steps,
+        "faults": {
+            "msg_loss": args.msg_loss,
+            "hub_crash": args.hub_crash,
+            "down_rounds": args.down_rounds,
+            "hostile_low_rank": args.hostile_low_rank,
+        },
         "seconds": last.map_or(0.0, |r| r.seconds),
         "peak_rss_mb": peak,
         "policies": last.map_or(json!({}), policy_json),

@@ -493,6 +493,30 @@ pub struct HubConfig {
     /// Top-k density a hub distills its merge at, in place of the members' policy density.
     /// Default `None` (the members' density).
     pub density: Option<f32>,
+    /// Rounds per rank window (`kindred_routing::exchange::ExchangeConfig::rank_window`).
+    /// Default 100.
+    pub rank_window: u64,
+    /// What goes wrong on the way: lost messages, crashing hubs, rank-grinding attackers.
+    pub faults: Faults,
+}
+
+/// Faults the hub exchange runs under (`kindred-sim learn --msg-loss`, `--hub-crash`,
+/// `--down-rounds`, `--hostile-low-rank`). Default: none.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Faults {
+    /// Each exchange message (a push, an answer, a model fetch or its reply, a served merge)
+    /// is lost with this probability.
+    pub msg_loss: f64,
+    /// Each round, each node that served as a hub in the previous round crashes with this
+    /// probability: it is down (it neither trains nor answers) for
+    /// [`Faults::down_rounds`] rounds and comes back from what it persisted (its exchange
+    /// snapshot, its model and its distillers), losing what it held in memory.
+    pub hub_crash: f64,
+    /// Rounds a crashed hub stays down. Default 0 (use at least 1 with `hub_crash`).
+    pub down_rounds: u64,
+    /// Hostile nodes ground their identities for the lowest hub ranks: each is hub of every
+    /// cohort that knows it, as far as identities decide.
+    pub hostile_low_rank: bool,
 }
 
 impl Default for HubConfig {
@@ -508,6 +532,8 @@ impl Default for HubConfig {
             check: AggregateCheck::default(),
             min_gain_share: MIN_GAIN_SHARE,
             density: None,
+            rank_window: kindred_routing::exchange::ExchangeConfig::default().rank_window,
+            faults: Faults::default(),
         }
     }
 }

@@ -17,7 +17,7 @@ pub mod config;
 pub mod run;
 
 pub use config::{
-    Attack, Compression, Consensus, Hostile, HubConfig, LearnConfig, Merge, Partners, PolicySpec,
-    Setting,
+    Attack, Compression, Consensus, Faults, Hostile, HubConfig, LearnConfig, Merge, Partners,
+    PolicySpec, Setting,
 };
 pub use run::{LearnError, LearnReport, PolicyReport, RoundStats, run};
