@@ -303,8 +303,8 @@ struct Driver<'c, 'r, 'a, 'p> {
     /// Per node, what it put on the wire and what it ends with.
     merged: Vec<Merged>,
     reports: Vec<Option<kindred_routing::exchange::RoundReport<u32, Handle>>>,
-    /// Hub models fetched this round, by hub.
-    models: HashMap<u32, Handle>,
+    /// Hub models fetched this round, by hub, with the bytes of the snapshot response.
+    models: HashMap<u32, (Handle, usize)>,
     next_request: u64,
 }
 
@@ -766,13 +766,12 @@ impl Driver<'_, '_, '_, '_> {
             return Ok(());
         }
         let (handle, bytes) = match self.models.get(&hub) {
-            Some(&h) => (h, self.model_bytes(hub)?),
+            Some(&cached) => cached,
             None => {
-                let model = self.hub_model(hub)?;
-                let bytes = self.model_bytes(hub)?;
+                let (model, bytes) = self.hub_snapshot(hub)?;
                 let h = self.blobs.len() as Handle;
                 self.blobs.push(Blob::Model(model));
-                self.models.insert(hub, h);
+                self.models.insert(hub, (h, bytes));
                 (h, bytes)
             }
         };
@@ -790,24 +789,29 @@ impl Driver<'_, '_, '_, '_> {
         Ok(())
     }
 
-    /// The hub's model as its snapshot decodes, `None` if it has not moved from the initial
-    /// model (nothing to fetch, nothing a member's data could tell).
-    fn hub_model(&self, h: u32) -> Result<Option<Vec<f32>>, LearnError> {
-        let Some(hub) = self.params.get(h as usize) else {
-            return Ok(None);
-        };
-        if hub == self.origin {
-            return Ok(None);
-        }
+    /// The hub's model as its snapshot decodes (`None` if it has not moved from the initial
+    /// model: nothing a member's data could tell), and the bytes of the snapshot response (its
+    /// header and its snapshot body).
+    fn hub_snapshot(&self, h: u32) -> Result<(Option<Vec<f32>>, usize), LearnError> {
         let body = snapshot(&self.served_model(h)?, self.origin, self.r.spec)?;
+        let header = self.r.packed.get(h as usize).map_or(0, |p| p.header_bytes);
+        let bytes = RpcResponse::Snapshot {
+            id: RequestId(0),
+            header: vec![0; header],
+            body: kindred_proto::encode_body(&body),
+        }
+        .encoded_len();
+        if self.params.get(h as usize).is_none_or(|p| p == self.origin) {
+            return Ok((None, bytes));
+        }
         let cumulative = decode(&body, self.r.spec)?;
-        Ok(Some(
-            self.origin
-                .iter()
-                .zip(&cumulative)
-                .map(|(o, c)| o + c)
-                .collect(),
-        ))
+        let model = self
+            .origin
+            .iter()
+            .zip(&cumulative)
+            .map(|(o, c)| o + c)
+            .collect();
+        Ok((Some(model), bytes))
     }
 
     /// The hub's model as it serves it (corrupted by its attack if hostile).
@@ -830,18 +834,6 @@ impl Driver<'_, '_, '_, '_> {
             }
         }
         Ok(served)
-    }
-
-    /// Bytes of the hub's snapshot response: its header and its snapshot body.
-    fn model_bytes(&self, h: u32) -> Result<usize, LearnError> {
-        let body = snapshot(&self.served_model(h)?, self.origin, self.r.spec)?;
-        let header = self.r.packed.get(h as usize).map_or(0, |p| p.header_bytes);
-        Ok(RpcResponse::Snapshot {
-            id: RequestId(0),
-            header: vec![0; header],
-            body: kindred_proto::encode_body(&body),
-        }
-        .encoded_len())
     }
 
     /// The round's searches, together in the routing model: every searching node learns the
