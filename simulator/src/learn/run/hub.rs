@@ -306,6 +306,9 @@ struct Driver<'c, 'r, 'a, 'p> {
     /// Hub models fetched this round, by hub, with the bytes of the snapshot response.
     models: HashMap<u32, (Handle, usize)>,
     next_request: u64,
+    /// Per node, the time of the wake it has pending: a core's timer is scheduled once, not
+    /// again after every input.
+    wakes: Vec<Option<Millis>>,
 }
 
 /// Run one round of the hub exchange for every node.
@@ -356,6 +359,7 @@ pub(super) fn exchange(
         reports: vec![None; n],
         models: HashMap::new(),
         next_request: 0,
+        wakes: vec![None; n],
     };
     for i in 0..n {
         if hubs.is_down(i, r.round) {
@@ -410,6 +414,9 @@ pub(super) fn exchange(
                 i
             }
             Event::Wake(i) => {
+                if let Some(w) = d.wakes.get_mut(i as usize).filter(|w| **w == Some(now)) {
+                    *w = None;
+                }
                 if let Some(core) = hubs.cores.get_mut(i as usize) {
                     core.handle_timeout(now);
                 }
@@ -582,7 +589,11 @@ impl Driver<'_, '_, '_, '_> {
             self.carry(hubs, i, now, out)?;
         }
         if let Some(t) = hubs.cores.get(i as usize).and_then(Core::poll_timeout) {
-            self.schedule(t.max(now), Event::Wake(i));
+            let at = t.max(now);
+            if let Some(w) = self.wakes.get_mut(i as usize).filter(|w| **w != Some(at)) {
+                *w = Some(at);
+                self.schedule(at, Event::Wake(i));
+            }
         }
         Ok(())
     }
