@@ -136,6 +136,34 @@ impl SynthConfig {
         }
     }
 
+    /// The settings of a hub of the hub exchange merging the pushes of `members` members: the
+    /// defaults, except that a cohort too small for the noise-aware gate (fewer than
+    /// [`SynthConfig::SPREAD_PEERS`] members) has no cosine gate at all, only the norm rules.
+    ///
+    /// Why: a hub's own update is one member's like the others, and late in training honest
+    /// updates of one task sit at cosine 0 ± 0.035 with each other. In a cohort of a few the
+    /// spread cannot be read, so a gate at 0 left about half of the members out of each merge,
+    /// and a member whose update is left out finds the merge orthogonal to its own and refuses
+    /// it (`check_aggregate`): `kindred demo` (cohorts of 4) lost its cohorts to strikes by
+    /// round 12, and a gate at −0.1 still left members out. A small cohort's members were each
+    /// admitted by the hub's gate on their embeddings and check the merge on their own data, so
+    /// the merge's cosine gate adds little there.
+    ///
+    /// ```
+    /// use kindred_distill::SynthConfig;
+    /// assert_eq!(SynthConfig::for_hub(16), SynthConfig::default());
+    /// assert_eq!(SynthConfig::for_hub(3).min_cosine, -1.0);
+    /// ```
+    pub fn for_hub(members: usize) -> Self {
+        if members >= Self::SPREAD_PEERS {
+            return Self::default();
+        }
+        Self {
+            min_cosine: -1.0,
+            ..Self::default()
+        }
+    }
+
     /// Fewest peers (past the norm rules) whose cosines [`SynthConfig::noise_spreads`] reads a
     /// spread from.
     pub const SPREAD_PEERS: usize = 5;

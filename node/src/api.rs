@@ -190,6 +190,13 @@ pub struct RoundRecord {
     /// The model snapshot pull of this round, in snapshot rounds with a partner.
     #[serde(default)]
     pub snapshot: Option<SnapshotRecord>,
+    /// What the hub exchange did this round (`None` with the pairwise exchange).
+    #[serde(default)]
+    pub exchange: Option<crate::exchange::HubRoundStats>,
+    /// Bytes the node had sent over all its connections (every protocol) by the round's end,
+    /// since it started.
+    #[serde(default)]
+    pub wire_bytes_sent: u64,
 }
 
 /// What a round's snapshot pull did.

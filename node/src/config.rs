@@ -84,6 +84,29 @@ pub enum TrainerKind {
     External,
 }
 
+/// How a node exchanges updates with its peers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum ExchangeKind {
+    /// The hub exchange (`kindred_routing::exchange`): members push their packet to their
+    /// cohort's hub, which merges and serves one merge back.
+    #[default]
+    Hub,
+    /// Every node fetches the bodies of its most similar peers and merges them itself (more
+    /// bytes: one body per partner), with model snapshots every `snapshot_every` rounds.
+    Pairwise,
+}
+
+impl ExchangeKind {
+    /// `"hub"` or `"pairwise"`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Hub => "hub",
+            Self::Pairwise => "pairwise",
+        }
+    }
+}
+
 /// The built-in trainer's task and schedule.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -186,6 +209,8 @@ pub struct NodeConfig {
     /// Share of the distance to the partner's model a pull covers, in (0, 1]; the step is also
     /// clipped to twice the norm of the node's own merged update that round.
     pub snapshot_share: f32,
+    /// The exchange: `hub` (default) or `pairwise`.
+    pub exchange: ExchangeKind,
     /// Log format.
     pub log_format: LogFormat,
     /// Trainer.
@@ -209,6 +234,7 @@ impl Default for NodeConfig {
             discovery_every: 10,
             snapshot_every: 2,
             snapshot_share: kindred_distill::PullConfig::default().share,
+            exchange: ExchangeKind::Hub,
             log_format: LogFormat::Text,
             trainer: TrainerConfig::default(),
             api_limits: ApiLimits::default(),

@@ -23,7 +23,7 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 
 use crate::api::Status;
-use crate::config::{NodeConfig, TrainerConfig};
+use crate::config::{ExchangeKind, NodeConfig, TrainerConfig};
 use crate::run::SUMMARY_FILE;
 use crate::trainer::{Examples, Mnist, Model, Split};
 
@@ -46,6 +46,8 @@ pub struct DemoOptions {
     pub discovery_every: u64,
     /// Snapshot pull period of every node ([`NodeConfig::snapshot_every`]).
     pub snapshot_every: u64,
+    /// The exchange every node runs.
+    pub exchange: ExchangeKind,
     /// Where to keep node directories (a temporary directory when `None`).
     pub dir: Option<PathBuf>,
     /// The `kindred` binary to start the nodes with.
@@ -100,6 +102,12 @@ pub struct DemoReport {
     /// Mean bytes a node sent per round over all its connections, every protocol (Kademlia,
     /// identify, ping and the RPCs; joining the swarm included).
     pub wire_bytes_per_node_round: f64,
+    /// Mean bytes a node sent over all its connections by the end of its first round: joining
+    /// the swarm (connections, identify, the Kademlia bootstrap), once per node.
+    pub wire_bytes_join_per_node: f64,
+    /// Mean bytes a node sent per round over all its connections after its warm-up (its local
+    /// rounds and first searches, [`WARMUP_ROUNDS`]): what a long run costs per round.
+    pub wire_bytes_per_node_round_steady: f64,
     /// Bytes a node sends per round in a full-precision ring all-reduce.
     pub bytes_allreduce: f64,
     /// Share of merge partners from the node's own cluster.
@@ -108,6 +116,14 @@ pub struct DemoReport {
     pub snapshot_rounds: usize,
     /// Of those, the rounds in which it pulled toward the partner's model.
     pub snapshot_pulls: usize,
+    /// The exchange the nodes ran (`hub` or `pairwise`).
+    pub exchange: String,
+    /// Hub changes over all nodes (rounds whose hub differs from the node's previous exchange
+    /// round's; hub exchange only).
+    pub hub_changes: usize,
+    /// Rounds in which a member expected a merge and applied its own update, over all nodes
+    /// (hub exchange only).
+    pub missed_merges: usize,
     /// Wall time of the whole demo.
     pub seconds: f64,
     /// Per-cluster accuracy.
@@ -115,6 +131,11 @@ pub struct DemoReport {
     /// Per-node results.
     pub per_node: Vec<NodeResult>,
 }
+
+/// Rounds of a node's warm-up, left out of [`DemoReport::wire_bytes_per_node_round_steady`]:
+/// the exchange's local rounds and warm-up searches (`ExchangeConfig::local_rounds` and
+/// `warmup_searches`, 2 + 3), or the pairwise exchange's warm-up discovery rounds.
+pub const WARMUP_ROUNDS: usize = 5;
 
 /// Run the demo.
 ///
@@ -155,6 +176,7 @@ pub fn run(opts: DemoOptions) -> anyhow::Result<DemoReport> {
             rounds: Some(opts.rounds),
             discovery_every: opts.discovery_every,
             snapshot_every: opts.snapshot_every,
+            exchange: opts.exchange,
             trainer: TrainerConfig {
                 label_shift: cluster as u8,
                 shard: i,
@@ -278,11 +300,21 @@ fn report(
     let (mut snapshot_rounds, mut snapshot_pulls) = (0usize, 0usize);
     let mut bytes = 0f64;
     let mut wire = 0f64;
+    let (mut join, mut steady, mut steady_nodes) = (0f64, 0f64, 0usize);
     let mut per_node = Vec::with_capacity(n);
+    let (mut hub_changes, mut missed_merges) = (0usize, 0usize);
     for (i, s) in summaries.iter().enumerate() {
         let mine = cluster_of.get(&s.peer_id);
         let (mut node_same, mut node_partners, mut pulls) = (0, 0, 0);
+        let mut last_hub: Option<&str> = None;
         for r in &s.history {
+            if let Some(x) = r.exchange.as_ref().filter(|x| x.role != "local") {
+                if last_hub.is_some_and(|h| h != x.hub) {
+                    hub_changes += 1;
+                }
+                last_hub = Some(&x.hub);
+                missed_merges += usize::from(x.missed);
+            }
             if let Some(p) = &r.snapshot {
                 snapshot_rounds += 1;
                 if matches!(p.outcome.as_str(), "pulled" | "clipped") {
@@ -302,6 +334,14 @@ fn report(
         let rounds = s.history.len().max(1) as f64;
         bytes += s.bytes_sent as f64 / rounds;
         wire += s.wire_bytes_sent as f64 / rounds;
+        join += s.history.first().map_or(0.0, |r| r.wire_bytes_sent as f64);
+        if let (Some(warm), Some(last)) = (s.history.get(WARMUP_ROUNDS - 1), s.history.last())
+            && s.history.len() > WARMUP_ROUNDS
+        {
+            let after = (s.history.len() - WARMUP_ROUNDS) as f64;
+            steady += last.wire_bytes_sent.saturating_sub(warm.wire_bytes_sent) as f64 / after;
+            steady_nodes += 1;
+        }
         per_node.push(NodeResult {
             peer: s.peer_id.clone(),
             cluster: mine.copied().unwrap_or(usize::MAX),
@@ -341,6 +381,8 @@ fn report(
         acc_local: local.iter().sum::<f64>() / n.max(1) as f64,
         bytes_per_node_round: bytes / n.max(1) as f64,
         wire_bytes_per_node_round: wire / n.max(1) as f64,
+        wire_bytes_join_per_node: join / n.max(1) as f64,
+        wire_bytes_per_node_round_steady: steady / steady_nodes.max(1) as f64,
         bytes_allreduce: 2.0 * (n as f64 - 1.0) / n as f64 * 4.0 * params,
         partner_purity: if partners == 0 {
             0.0
@@ -349,6 +391,9 @@ fn report(
         },
         snapshot_rounds,
         snapshot_pulls,
+        exchange: opts.exchange.label().to_string(),
+        hub_changes,
+        missed_merges,
         seconds,
         clusters,
         per_node,
@@ -368,8 +413,8 @@ fn versus(baseline: f64, ours: f64) -> String {
 #[allow(clippy::print_stdout)]
 pub fn print(r: &DemoReport, json: bool) {
     println!(
-        "\nKindred demo: {} nodes, {} rounds, {:.0} s",
-        r.nodes, r.rounds, r.seconds
+        "\nKindred demo: {} nodes, {} rounds, {:.0} s, {} exchange",
+        r.nodes, r.rounds, r.seconds, r.exchange
     );
     println!(
         "{:>8} {:>6} {:>16} {:>16}",
@@ -398,17 +443,28 @@ pub fn print(r: &DemoReport, json: bool) {
         versus(r.bytes_allreduce, r.wire_bytes_per_node_round)
     );
     println!(
-        "  of which packet RPCs (headers, bodies, requests): {:.0}",
-        r.bytes_per_node_round
+        "  of which exchange RPCs: {:.0}; joining the swarm: {:.0} once per node; after the warm-up (rounds {}-): {:.0} per round ({})",
+        r.bytes_per_node_round,
+        r.wire_bytes_join_per_node,
+        WARMUP_ROUNDS + 1,
+        r.wire_bytes_per_node_round_steady,
+        versus(r.bytes_allreduce, r.wire_bytes_per_node_round_steady)
     );
     println!(
         "partner purity: {:.1}% of merge partners from the node's own cluster",
         r.partner_purity * 100.0
     );
-    println!(
-        "model snapshots: pulled toward a partner's model in {} of {} snapshot rounds",
-        r.snapshot_pulls, r.snapshot_rounds
-    );
+    if r.exchange == "hub" {
+        println!(
+            "hub exchange: {} hub changes and {} missed merges over all nodes and rounds",
+            r.hub_changes, r.missed_merges
+        );
+    } else {
+        println!(
+            "model snapshots: pulled toward a partner's model in {} of {} snapshot rounds",
+            r.snapshot_pulls, r.snapshot_rounds
+        );
+    }
     if json {
         println!(
             "{}",
@@ -419,10 +475,15 @@ pub fn print(r: &DemoReport, json: bool) {
                 "acc_local": r.acc_local,
                 "bytes_per_node_round": r.bytes_per_node_round,
                 "wire_bytes_per_node_round": r.wire_bytes_per_node_round,
+                "wire_bytes_join_per_node": r.wire_bytes_join_per_node,
+                "wire_bytes_per_node_round_steady": r.wire_bytes_per_node_round_steady,
                 "bytes_allreduce": r.bytes_allreduce,
                 "partner_purity": r.partner_purity,
                 "snapshot_rounds": r.snapshot_rounds,
                 "snapshot_pulls": r.snapshot_pulls,
+                "exchange": r.exchange,
+                "hub_changes": r.hub_changes,
+                "missed_merges": r.missed_merges,
                 "seconds": r.seconds,
             })
         );

@@ -159,6 +159,8 @@ pub struct Engine {
     source: Source,
     store: Store,
     synth: SynthConfig,
+    /// The distillation policy of its packets (and, as a hub, of its merges).
+    policy: Policy,
     /// Where the node started: the initial parameters (built-in trainer) or zeros (external).
     origin: Vec<f32>,
     /// Where the current round starts: the model parameters (built-in trainer) or the sum of all
@@ -197,15 +199,11 @@ impl Engine {
         let arch = t.model.arch();
         let mut model = Model::new(arch, t.seed)?;
         let spec = Arc::new(model.spec().clone());
-        // The embedding is of the node's cumulative update (see `base`), which already separates
-        // tasks; centring it by peer updates would remove exactly that signal.
-        let embedding = EmbeddingConfig {
-            center: false,
-            ..EmbeddingConfig::default()
-        };
-        let mut distiller = Distiller::new((*spec).clone(), Policy::default(), embedding)
-            .map_err(|e| EngineError::Distill(e.to_string()))?
-            .with_backend(kindred_kernels::Backend::detect());
+        let policy = Self::policy_for(config.exchange);
+        let mut distiller =
+            Distiller::new((*spec).clone(), policy.clone(), Self::embedding_config())
+                .map_err(|e| EngineError::Distill(e.to_string()))?
+                .with_backend(kindred_kernels::Backend::detect());
         let origin = match t.kind {
             TrainerKind::Builtin => model.params()?,
             TrainerKind::External => vec![0.0; spec.numel() as usize],
@@ -273,6 +271,7 @@ impl Engine {
             source,
             store,
             synth: SynthConfig::for_node(config.snapshot_every > 0),
+            policy,
             origin,
             base,
             last_round,
@@ -534,6 +533,114 @@ impl Engine {
         }
         self.base = pulled;
         Ok(done)
+    }
+
+    /// The swarm's common initial model (zeros for an external trainer).
+    pub fn origin(&self) -> &[f32] {
+        &self.origin
+    }
+
+    /// Where the current round started: the model's parameters (built-in trainer) or the sum
+    /// of the merged updates applied so far (external trainer).
+    pub fn base(&self) -> &[f32] {
+        &self.base
+    }
+
+    /// The robust merge's settings.
+    pub fn synth_config(&self) -> &SynthConfig {
+        &self.synth
+    }
+
+    /// A distiller like the node's own (same spec, policy, embedding and backend), fresh: what
+    /// a hub distills its merges with, with error feedback of their own.
+    ///
+    /// # Errors
+    /// [`EngineError::Distill`] if the spec does not fit a distiller (it fits the node's own).
+    pub fn new_distiller(&self) -> Result<Distiller, EngineError> {
+        Ok(Distiller::new(
+            (*self.spec).clone(),
+            self.policy.clone(),
+            Self::embedding_config(),
+        )
+        .map_err(|e| EngineError::Distill(e.to_string()))?
+        .with_backend(kindred_kernels::Backend::detect()))
+    }
+
+    /// The packets' policy: [`Policy::hub`] for the hub exchange, the default for the pairwise
+    /// one (each partner fetches one body per round, so sparser).
+    fn policy_for(exchange: crate::config::ExchangeKind) -> Policy {
+        match exchange {
+            crate::config::ExchangeKind::Hub => Policy::hub(),
+            crate::config::ExchangeKind::Pairwise => Policy::default(),
+        }
+    }
+
+    fn embedding_config() -> EmbeddingConfig {
+        // The embedding is of the node's cumulative update (see `base`), which already separates
+        // tasks; centring it by peer updates would remove exactly that signal.
+        EmbeddingConfig {
+            center: false,
+            ..EmbeddingConfig::default()
+        }
+    }
+
+    /// Accuracy of model parameters `params` on the node's own training shard, the model left
+    /// as it was; `None` for an external trainer (no data here), `NaN` for parameters that are
+    /// not finite. What the hub exchange's checks by data score.
+    ///
+    /// # Errors
+    /// [`EngineError::Model`] on a tensor failure.
+    pub fn shard_accuracy(&mut self, params: &[f32]) -> Result<Option<f32>, EngineError> {
+        let Source::Builtin(b) = &mut self.source else {
+            return Ok(None);
+        };
+        let before = b.model.params()?;
+        let score = match b.model.set_params(params) {
+            Ok(()) => b.model.accuracy(&b.train),
+            Err(crate::trainer::ModelError::NonFinite) => Ok(f32::NAN),
+            Err(e) => Err(e),
+        };
+        b.model.set_params(&before)?;
+        Ok(Some(score?))
+    }
+
+    /// End a round by applying `update` to where it started (the hub exchange's own update or
+    /// a hub's merge), after taking `adopt` first if given (a hub's model, as its cumulative
+    /// update since the common initial model). Returns what changed: the update an external
+    /// trainer applies to follow.
+    ///
+    /// # Errors
+    /// [`EngineError::Model`] when the model cannot take the parameters; nothing changes then.
+    pub fn apply(
+        &mut self,
+        adopt: Option<&[f32]>,
+        update: Option<&[f32]>,
+    ) -> Result<Vec<f32>, EngineError> {
+        let mut next = match adopt {
+            Some(cumulative) => self
+                .origin
+                .iter()
+                .zip(cumulative)
+                .map(|(o, c)| o + c)
+                .collect(),
+            None => self.base.clone(),
+        };
+        if let Some(update) = update {
+            for (n, u) in next.iter_mut().zip(update) {
+                *n += u;
+            }
+        }
+        if let Source::Builtin(b) = &mut self.source
+            && let Err(e) = b.model.set_params(&next)
+        {
+            if let Err(restore) = b.model.set_params(&self.base) {
+                tracing::error!(error = %restore, "cannot restore the model after a failed apply");
+            }
+            return Err(e.into());
+        }
+        let delta = next.iter().zip(&self.base).map(|(n, b)| n - b).collect();
+        self.base = next;
+        Ok(delta)
     }
 
     /// Held-out accuracy of the built-in model (`None` for an external trainer).

@@ -15,6 +15,7 @@ pub mod api;
 pub mod config;
 pub mod demo;
 pub mod engine;
+pub mod exchange;
 pub mod metrics;
 pub mod run;
 pub mod store;

@@ -16,7 +16,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use kindred_node::config::{LogFormat, ModelKind, NodeConfig, TrainerKind};
+use kindred_node::config::{ExchangeKind, LogFormat, ModelKind, NodeConfig, TrainerKind};
 use kindred_node::demo::{self, DemoOptions};
 use kindred_node::store::Store;
 use tokio::sync::watch;
@@ -84,6 +84,10 @@ struct Overrides {
     /// Pull toward one merged partner's model snapshot every this many rounds (0: never).
     #[arg(long, env = "KINDRED_SNAPSHOT_EVERY")]
     snapshot_every: Option<u64>,
+    /// The exchange: `hub` (default: members push to their cohort's hub, which merges) or
+    /// `pairwise` (every node fetches its partners' bodies and merges them itself).
+    #[arg(long, env = "KINDRED_EXCHANGE")]
+    exchange: Option<ExchangeKind>,
     /// Where updates come from.
     #[arg(long, env = "KINDRED_TRAINER")]
     trainer: Option<TrainerKind>,
@@ -134,6 +138,7 @@ impl Overrides {
         set(&mut c.partners, self.partners);
         set(&mut c.discovery_every, self.discovery_every);
         set(&mut c.snapshot_every, self.snapshot_every);
+        set(&mut c.exchange, self.exchange);
         set(&mut c.log_format, self.log_format);
         let t = &mut c.trainer;
         set(&mut t.kind, self.trainer);
@@ -207,6 +212,9 @@ struct DemoArgs {
     /// Nodes pull toward a merged partner's model snapshot every this many rounds (0: never).
     #[arg(long, default_value_t = 2)]
     snapshot_every: u64,
+    /// The exchange every node runs: `hub` or `pairwise`.
+    #[arg(long, default_value = "hub")]
+    exchange: ExchangeKind,
     /// Keep the nodes' data directories here (default: a fresh temporary directory, removed).
     #[arg(long)]
     dir: Option<PathBuf>,
@@ -245,6 +253,7 @@ fn main() -> anyhow::Result<()> {
                 steps: args.steps,
                 discovery_every: args.discovery_every,
                 snapshot_every: args.snapshot_every,
+                exchange: args.exchange,
                 dir: args.dir,
                 binary: std::env::current_exe()?,
             })?;

@@ -49,6 +49,19 @@ pub struct NodeMetrics {
     /// Model snapshot pulls by outcome (`pulled`, `clipped`, or why none: `not_found`,
     /// `deadline`...).
     pub snapshot_pulls: Family<Labels, Counter>,
+    /// Hub-exchange rounds by the node's role (`hub`, `member`, `local`).
+    pub exchange_rounds: Family<Labels, Counter>,
+    /// Hub-exchange merges by outcome: `served` (as a hub, one per member served), `applied`,
+    /// `refused` (by the node's checks), `missed` (none came: the node applied its own update).
+    pub exchange_merges: Family<Labels, Counter>,
+    /// Pushes received as a hub.
+    pub exchange_pushes: Counter,
+    /// Peers banned by the exchange (merges or models that failed twice).
+    pub exchange_bans: Counter,
+    /// Peers in the node's cohort view after the last round.
+    pub exchange_cohort: Gauge<i64, std::sync::atomic::AtomicI64>,
+    /// Whether the node was its cohort's hub in the last round (1) or not (0).
+    pub exchange_is_hub: Gauge<i64, std::sync::atomic::AtomicI64>,
 }
 
 impl Default for NodeMetrics {
@@ -114,6 +127,42 @@ impl NodeMetrics {
             "Model snapshot pulls by outcome (pulled, clipped, or why none)",
             snapshot_pulls.clone(),
         );
+        let exchange_rounds = Family::<Labels, Counter>::default();
+        registry.register(
+            "exchange_rounds",
+            "Hub-exchange rounds by the node's role (hub, member, local)",
+            exchange_rounds.clone(),
+        );
+        let exchange_merges = Family::<Labels, Counter>::default();
+        registry.register(
+            "exchange_merges",
+            "Hub-exchange merges by outcome (served, applied, refused, missed)",
+            exchange_merges.clone(),
+        );
+        let exchange_pushes = Counter::default();
+        registry.register(
+            "exchange_pushes",
+            "Pushes received as a hub",
+            exchange_pushes.clone(),
+        );
+        let exchange_bans = Counter::default();
+        registry.register(
+            "exchange_bans",
+            "Peers banned by the exchange",
+            exchange_bans.clone(),
+        );
+        let exchange_cohort = Gauge::default();
+        registry.register(
+            "exchange_cohort",
+            "Peers in the node's cohort view",
+            exchange_cohort.clone(),
+        );
+        let exchange_is_hub = Gauge::default();
+        registry.register(
+            "exchange_is_hub",
+            "Whether the node was its cohort's hub in the last round",
+            exchange_is_hub.clone(),
+        );
         registry.register_collector(Box::new(routing.clone()));
         Self {
             registry,
@@ -128,6 +177,12 @@ impl NodeMetrics {
             merge_verdicts,
             lookups,
             snapshot_pulls,
+            exchange_rounds,
+            exchange_merges,
+            exchange_pushes,
+            exchange_bans,
+            exchange_cohort,
+            exchange_is_hub,
         }
     }
 

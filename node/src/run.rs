@@ -32,8 +32,9 @@ use libp2p::{Multiaddr, PeerId};
 use tokio::sync::{mpsc, watch};
 
 use crate::api::{self, MAX_HISTORY, RoundRecord, Shared, SnapshotRecord, Status};
-use crate::config::NodeConfig;
+use crate::config::{ExchangeKind, NodeConfig};
 use crate::engine::{Engine, EngineError, ExternalUpdate, MergeReport, PeerPacket};
+use crate::exchange::{HubDriver, HubRoundStats};
 use crate::metrics::NodeMetrics;
 use crate::store::Store;
 
@@ -147,6 +148,13 @@ pub async fn run(
     routing_config.core.lookup.probes = config.probes;
     routing_config.core.lookup.timeout = round_len.mul_f64(LOOKUP_BUDGET);
     routing_config.core.discovery.every_rounds = config.discovery_every;
+    if config.exchange == ExchangeKind::Hub {
+        // A member joining its hub fetches the hub's model without having fetched a body.
+        routing_config.core.snapshot_grant = None;
+        // The hub exchange's keys: what the simulator's hub exchange searches with.
+        routing_config.core.keys = kindred_routing::exchange::ExchangeConfig::keys();
+        routing_config.core.lookup.probes = 0;
+    }
     raise_open_file_limit(&routing_config);
     let mut following = Follower::new(
         routing_config.core.discovery,
@@ -213,6 +221,15 @@ pub async fn run(
     }
 
     let t_ms = (config.round_secs * 1000.0).round().max(1.0) as u64;
+    let mut hub = match config.exchange {
+        ExchangeKind::Hub => {
+            // Served from the start: a peer joining this node as its hub fetches the model.
+            seal_snapshot(&engine, engine.last_round().unwrap_or(0), &snapshots);
+            Some(HubDriver::start(&engine, routing.clone(), t_ms).await?)
+        }
+        ExchangeKind::Pairwise => None,
+    };
+    tracing::info!(exchange = config.exchange.label(), "exchange");
     let mut round = (now_ms() / t_ms).max(engine.last_round().map_or(0, |r| r + 1));
     let mut done = 0u64;
     loop {
@@ -235,7 +252,12 @@ pub async fn run(
             snapshots: &snapshots,
         };
         let step = tokio::select! {
-            r = run_round(&mut engine, &mut ctx, round, start, t_ms) => r,
+            r = async {
+                match &mut hub {
+                    Some(hub) => run_hub_round(&mut engine, &mut ctx, hub, round, start, t_ms).await,
+                    None => run_round(&mut engine, &mut ctx, round, start, t_ms).await,
+                }
+            } => r,
             _ = shutdown.wait_for(|s| *s) => {
                 tracing::info!(round, "shutting down: abandoning the round in progress");
                 break;
@@ -433,17 +455,7 @@ async fn run_round(
             .get_or_create(&vec![("outcome", s.outcome.clone())])
             .inc();
     }
-    let info = routing.info().await;
-    let routing_metrics = routing.metrics().await;
-    if let Some(rm) = &routing_metrics {
-        m.set_routing(rm.clone());
-    }
-    if let Some(bytes) = merged_st {
-        *shared
-            .merged
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((round, bytes));
-    }
+    let (info, routing_metrics) = publish_round(routing, shared, round, merged_st).await;
     let record = RoundRecord {
         round,
         loss: out.loss,
@@ -458,6 +470,8 @@ async fn run_round(
         f32_bytes: engine.spec().f32_bytes(),
         lookup_ms,
         snapshot: snapshot.clone(),
+        exchange: None,
+        wire_bytes_sent: routing_metrics.as_ref().map_or(0, |m| m.wire_bytes_out),
     };
     tracing::info!(
         round,
@@ -479,13 +493,179 @@ async fn run_round(
         snapshot_tries = snapshot.as_ref().map_or(0, |s| s.tries),
         "round done"
     );
+    update_status(
+        shared,
+        round,
+        record,
+        info.as_ref(),
+        routing_metrics.as_ref(),
+    );
+    Ok(())
+}
+
+/// One round of the hub exchange: train, distill and seal; let the exchange core run the
+/// round ([`HubDriver::round`]) and apply what it ends with; seal the model snapshot joining
+/// members fetch; checkpoint with the exchange's state; report.
+async fn run_hub_round(
+    engine: &mut Engine,
+    ctx: &mut RoundContext<'_>,
+    hub: &mut HubDriver,
+    round: u64,
+    start: u64,
+    t_ms: u64,
+) -> anyhow::Result<()> {
+    let (routing, shared) = (ctx.routing, ctx.shared);
+    // Between rounds the node still serves its members' late merge fetches and early pushes.
+    hub.idle_until(engine, start).await?;
+    let began = std::time::Instant::now();
+    if engine.is_external() {
+        let deadline = Duration::from_millis((start + t_ms / 4).saturating_sub(now_ms()));
+        match tokio::time::timeout(deadline, ctx.updates.recv()).await {
+            Ok(Some(u)) => engine.push_external(u)?,
+            _ => return Err(EngineError::NoUpdate.into()),
+        }
+    }
+    let out = tokio::task::block_in_place(|| engine.make_packet(round, now_ms()))?;
+    let packet_bytes = (out.packet.header_bytes.len() + out.packet.body_bytes.len()) as u64;
+    let (stats, applied) = hub.round(engine, &out, round, start, t_ms).await?;
+    seal_snapshot(engine, round, ctx.snapshots);
+    let accuracy = tokio::task::block_in_place(|| engine.accuracy())?;
+    let merged_st = crate::api::update_to_safetensors(&applied, engine.spec()).ok();
+    hub.persist(engine.store())?;
+    if let Some(marks) = routing.replay_marks().await {
+        engine.store().put_replay_marks(&marks)?;
+    }
+    tokio::task::block_in_place(|| engine.checkpoint(round, applied))?;
+
+    let m = &shared.metrics;
+    m.rounds.inc();
+    m.round_seconds.observe(began.elapsed().as_secs_f64());
+    m.partners.observe(stats.partners.len() as f64);
+    m.packet_bytes.observe(packet_bytes as f64);
+    m.loss.set(f64::from(out.loss));
+    if let Some(a) = accuracy {
+        m.accuracy.set(f64::from(a));
+    }
+    record_exchange(m, &stats);
+    let (info, routing_metrics) = publish_round(routing, shared, round, merged_st).await;
+    tracing::info!(
+        round,
+        loss = format_args!("{:.4}", out.loss),
+        accuracy = accuracy
+            .map(|a| format!("{:.2}%", a * 100.0))
+            .unwrap_or_else(|| "-".into()),
+        role = %stats.role,
+        hub = %stats.hub,
+        cohort = stats.cohort,
+        applied = %stats.applied,
+        missed = stats.missed,
+        pushes = stats.pushes_received,
+        merged = stats.merged,
+        served = stats.served,
+        refused = stats.refused,
+        bytes_out = packet_bytes,
+        wire_out = routing_metrics.as_ref().map_or(0, |m| m.wire_bytes_out),
+        rpc_out = routing_metrics.as_ref().map_or(0, |m| m.peers.values().chain(std::iter::once(&m.other_peers)).map(|p| p.bytes_out).sum::<u64>()),
+        "round done"
+    );
+    let record = RoundRecord {
+        round,
+        loss: out.loss,
+        accuracy,
+        partners: stats.partners.iter().map(ToString::to_string).collect(),
+        rejected: Vec::new(),
+        packet_bytes,
+        f32_bytes: engine.spec().f32_bytes(),
+        lookup_ms: 0,
+        snapshot: None,
+        exchange: Some(stats),
+        wire_bytes_sent: routing_metrics.as_ref().map_or(0, |m| m.wire_bytes_out),
+    };
+    update_status(
+        shared,
+        round,
+        record,
+        info.as_ref(),
+        routing_metrics.as_ref(),
+    );
+    Ok(())
+}
+
+/// After a round: the routing layer's counters into the metrics, and the merged update (as
+/// safetensors) where an external trainer fetches it. Returns the routing task's connectivity
+/// and counters for the status.
+async fn publish_round(
+    routing: &RoutingHandle,
+    shared: &Shared,
+    round: u64,
+    merged: Option<Vec<u8>>,
+) -> (
+    Option<kindred_routing::NodeInfo>,
+    Option<kindred_routing::RoutingMetrics>,
+) {
+    let info = routing.info().await;
+    let routing_metrics = routing.metrics().await;
+    if let Some(rm) = &routing_metrics {
+        shared.metrics.set_routing(rm.clone());
+    }
+    if let Some(bytes) = merged {
+        *shared
+            .merged
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = Some((round, bytes));
+    }
+    (info, routing_metrics)
+}
+
+/// The exchange's figures of a round into the node's metrics.
+fn record_exchange(m: &NodeMetrics, stats: &HubRoundStats) {
+    m.exchange_rounds
+        .get_or_create(&vec![("role", stats.role.clone())])
+        .inc();
+    let merges = |outcome: &str| {
+        m.exchange_merges
+            .get_or_create(&vec![("outcome", outcome.to_string())])
+    };
+    merges("served").inc_by(stats.served as u64);
+    merges("refused").inc_by(stats.refused);
+    if stats.missed {
+        merges("missed").inc();
+    }
+    if stats.applied.contains("merge") && stats.role == "member" {
+        merges("applied").inc();
+    }
+    m.exchange_pushes.inc_by(stats.pushes_received);
+    m.exchange_bans.inc_by(stats.bans);
+    m.exchange_cohort.set(stats.cohort as i64);
+    m.exchange_is_hub.set(i64::from(stats.role == "hub"));
+}
+
+/// Seal the node's model as the snapshot peers fetch (a member joining this node as its hub).
+fn seal_snapshot(engine: &Engine, round: u64, slot: &SnapshotSlot) {
+    match tokio::task::block_in_place(|| engine.seal_snapshot(round, now_ms())) {
+        Ok(sealed) => {
+            *slot.write().unwrap_or_else(PoisonError::into_inner) =
+                Some((sealed.header_bytes, sealed.body_bytes));
+        }
+        Err(e) => tracing::warn!(round, error = %e, "cannot seal a model snapshot"),
+    }
+}
+
+/// A finished round into the node's status.
+fn update_status(
+    shared: &Shared,
+    round: u64,
+    record: RoundRecord,
+    info: Option<&kindred_routing::NodeInfo>,
+    routing_metrics: Option<&kindred_routing::RoutingMetrics>,
+) {
     shared.set_status(|s| {
         s.round = Some(round);
-        if let Some(i) = &info {
+        if let Some(i) = info {
             s.connected = i.connected.len();
             s.banned = i.banned.len();
         }
-        if let Some(rm) = &routing_metrics {
+        if let Some(rm) = routing_metrics {
             s.rejects = rm
                 .rejects
                 .iter()
@@ -501,7 +681,6 @@ async fn run_round(
             s.history.remove(0);
         }
     });
-    Ok(())
 }
 
 /// At start-up: check that the model fits a snapshot (turning snapshots off with one warning if

@@ -32,6 +32,13 @@ const BODIES: &str = "bodies";
 const KEY_IDENTITY: &[u8] = b"identity";
 const KEY_ROUND: &[u8] = b"round";
 const KEY_REPLAY: &[u8] = b"replay_marks";
+const KEY_EXCHANGE: &[u8] = b"exchange";
+/// The hub exchange's persisted record and the blob it names ([`Store::exchange`]).
+pub type ExchangeRecord = (Vec<u8>, Option<BlobId>);
+const KEY_EXCHANGE_BLOB: &[u8] = b"exchange_blob";
+/// Most bytes of the exchange record ([`Store::put_exchange`]): a cohort view of 1,024 peers
+/// is about 60 KB.
+pub const MAX_EXCHANGE_RECORD: usize = 1 << 20;
 
 /// Most replay marks persisted (one per sender and model); a larger record is corrupt.
 pub const MAX_REPLAY_MARKS: usize = 1 << 16;
@@ -287,6 +294,63 @@ impl Store {
         self.flush()
     }
 
+    /// Persist the hub exchange's state (the core's snapshot, `record`) and the blob of the
+    /// hub's merge distiller, written with the round record's durability: call before
+    /// [`Store::commit_round`], which flushes. The blob stays until another replaces it.
+    ///
+    /// # Errors
+    /// A database error, a record over [`MAX_EXCHANGE_RECORD`], or a blob not in the store.
+    pub fn put_exchange(&self, record: &[u8], blob: Option<BlobId>) -> Result<(), StoreError> {
+        if record.len() > MAX_EXCHANGE_RECORD {
+            return Err(StoreError::Corrupt(format!(
+                "exchange record of {} bytes is over {MAX_EXCHANGE_RECORD}",
+                record.len()
+            )));
+        }
+        if let Some(id) = blob
+            && !self.root.join("blobs").join(id.file_name()).is_file()
+        {
+            return Err(StoreError::MissingBlob(id.file_name()));
+        }
+        let mut batch = sled::Batch::default();
+        batch.insert(KEY_EXCHANGE, record);
+        match blob {
+            Some(id) => batch.insert(KEY_EXCHANGE_BLOB, &id.0[..]),
+            None => batch.remove(KEY_EXCHANGE_BLOB),
+        }
+        self.state.apply_batch(batch).map_err(|e| self.db_err(e))
+    }
+
+    /// The exchange record and its blob ([`Store::put_exchange`]), if one was written.
+    ///
+    /// # Errors
+    /// A database error, a record over its limit, or a blob id that is not 32 bytes.
+    pub fn exchange(&self) -> Result<Option<ExchangeRecord>, StoreError> {
+        let Some(record) = self.state.get(KEY_EXCHANGE).map_err(|e| self.db_err(e))? else {
+            return Ok(None);
+        };
+        if record.len() > MAX_EXCHANGE_RECORD {
+            return Err(StoreError::Corrupt("exchange record over its limit".into()));
+        }
+        Ok(Some((record.to_vec(), self.exchange_blob()?)))
+    }
+
+    fn exchange_blob(&self) -> Result<Option<BlobId>, StoreError> {
+        match self
+            .state
+            .get(KEY_EXCHANGE_BLOB)
+            .map_err(|e| self.db_err(e))?
+        {
+            None => Ok(None),
+            Some(id) => {
+                let id: [u8; 32] = id[..]
+                    .try_into()
+                    .map_err(|_| StoreError::Corrupt("exchange blob id is not 32 bytes".into()))?;
+                Ok(Some(BlobId(id)))
+            }
+        }
+    }
+
     /// Persist the routing replay marks (the highest round accepted per sender and model), so
     /// a restarted node still refuses packets it had already seen superseded. Written with the
     /// round record's durability: call before [`Store::commit_round`], which flushes.
@@ -381,6 +445,9 @@ impl Store {
         if let Some(state) = self.round_state()? {
             referenced.insert(state.checkpoint.file_name());
             referenced.insert(state.residuals.file_name());
+        }
+        if let Some(blob) = self.exchange_blob()? {
+            referenced.insert(blob.file_name());
         }
         for entry in self.headers.iter() {
             let (id, header) = entry.map_err(|e| self.db_err(e))?;
@@ -548,6 +615,46 @@ mod tests {
             Err(StoreError::MissingBlob(_))
         ));
         fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn the_exchange_record_survives_reopen_and_sweeps_keep_its_blob() {
+        let dir = tempdir();
+        {
+            let store = Store::open(&dir).unwrap();
+            assert_eq!(store.exchange().unwrap(), None);
+            assert!(matches!(
+                store.put_exchange(b"state", Some(BlobId([9; 32]))),
+                Err(StoreError::MissingBlob(_))
+            ));
+            let too_big = vec![0; MAX_EXCHANGE_RECORD + 1];
+            assert!(store.put_exchange(&too_big, None).is_err());
+            let blob = store.put_blob(b"hub distiller").unwrap();
+            store.put_exchange(b"state v1", Some(blob)).unwrap();
+            let cp = store.put_blob(b"checkpoint").unwrap();
+            store
+                .commit_round(RoundState {
+                    round: 4,
+                    checkpoint: cp,
+                    residuals: cp,
+                })
+                .unwrap();
+            store.sweep(|_| false).unwrap();
+            assert_eq!(store.get_blob(&blob).unwrap(), b"hub distiller");
+        }
+        let store = Store::open(&dir).unwrap();
+        let (record, blob) = store.exchange().unwrap().unwrap();
+        assert_eq!(record, b"state v1");
+        let blob = blob.unwrap();
+        assert_eq!(store.get_blob(&blob).unwrap(), b"hub distiller");
+        // A record without a blob drops the reference, and the next sweep the blob.
+        store.put_exchange(b"state v2", None).unwrap();
+        assert_eq!(
+            store.exchange().unwrap(),
+            Some((b"state v2".to_vec(), None))
+        );
+        store.sweep(|_| false).unwrap();
+        assert!(store.get_blob(&blob).is_err());
     }
 
     #[test]

@@ -9,9 +9,9 @@
 //!
 //! Layout of a signed header: `postcard(WireHeader) ‖ postcard(WireSeal)`; the signature covers
 //! `domain ‖ postcard(WireHeader)` exactly as received. The domain says what the header seals: an
-//! outcome packet (an update, [`seal`]) or a model snapshot ([`seal_snapshot`]). Both have the
-//! same layout, but a signature made for one never verifies as the other, so a peer cannot pass
-//! off a node's snapshot as one of its updates. A body is `varint(layer count) ‖
+//! outcome packet (an update, [`seal`]), a model snapshot ([`seal_snapshot`]) or a hub's merge
+//! ([`seal_merge`]). All have the same layout, but a signature made for one never verifies as
+//! another, so a peer cannot pass off a node's snapshot or merge as one of its updates. A body is `varint(layer count) ‖
 //! postcard(WireLayer)*`, byte-identical to postcard's encoding of a `Vec<WireLayer>`.
 //!
 //! Only canonical encodings are accepted (every varint and length prefix in its shortest form,
@@ -48,6 +48,8 @@ enum Domain {
     Packet,
     /// A model snapshot: a node's cumulative update, served on request.
     Snapshot,
+    /// A hub's merge of its cohort's pushes for one round, served to its members.
+    Merge,
 }
 
 impl Domain {
@@ -55,6 +57,7 @@ impl Domain {
         match self {
             Self::Packet => b"kindred/packet-header/v1\0",
             Self::Snapshot => b"kindred/snapshot-header/v1\0",
+            Self::Merge => b"kindred/merge-header/v1\0",
         }
     }
 }
@@ -218,6 +221,42 @@ pub fn seal_snapshot(
     seal_in(Domain::Snapshot, keypair, spec, fields, body)
 }
 
+/// Encode, sign and validate a hub's merge of round `fields.round`: the update it serves its
+/// cohort's members for that round.
+///
+/// Same layout and checks as [`seal`], signed under the merge domain: verify it with
+/// [`decode_merge_header`]. A merge never passes for an update of the hub's own (nor a
+/// snapshot), and the round and sender it is bound to are signed, so a member checks that the
+/// merge is of the round it pushed for and from the hub it pushed to: an old merge cannot be
+/// replayed into a later round, nor one hub's merge served as another's.
+///
+/// ```
+/// use kindred_proto::*;
+/// use libp2p_identity::ed25519;
+///
+/// let key = ed25519::Keypair::from(ed25519::SecretKey::try_from_bytes([1u8; 32]).unwrap());
+/// let spec = ModelSpec::new(vec![LayerSpec::new("w", [4], DType::F32)])?;
+/// let body = PacketBody { layers: vec![LayerPayload::Dense(DenseValues::F32(vec![0.5; 4]))] };
+/// let fields = HeaderFields { round: 3, unix_ms: 0, samples: 96, loss: 0.7, embedding: Embedding::default() };
+/// let merge = seal_merge(&key, &spec, fields, &body)?;
+///
+/// let header = decode_merge_header(&merge.header_bytes)?;
+/// assert_eq!(header.header().round, 3);
+/// assert_eq!(decode_header(&merge.header_bytes), Err(DecodeError::BadSignature));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # Errors
+/// [`SealError::Invalid`] with the reason a receiver would give for rejecting the merge.
+pub fn seal_merge(
+    keypair: &ed25519::Keypair,
+    spec: &ModelSpec,
+    fields: HeaderFields,
+    body: &PacketBody,
+) -> Result<SealedPacket, SealError> {
+    seal_in(Domain::Merge, keypair, spec, fields, body)
+}
+
 fn seal_in(
     domain: Domain,
     keypair: &ed25519::Keypair,
@@ -342,6 +381,17 @@ pub fn decode_header(bytes: &[u8]) -> Result<VerifiedHeader, DecodeError> {
 /// The first [`DecodeError`] found; nothing is allocated beyond [`MAX_HEADER_BYTES`].
 pub fn decode_snapshot_header(bytes: &[u8]) -> Result<VerifiedHeader, DecodeError> {
     decode_header_in(Domain::Snapshot, bytes)
+}
+
+/// Decode and verify the signed header of a hub's merge ([`seal_merge`]).
+///
+/// The same checks as [`decode_header`], against the merge signing domain: a packet or snapshot
+/// header fails here with [`DecodeError::BadSignature`].
+///
+/// # Errors
+/// The first [`DecodeError`] found; nothing is allocated beyond [`MAX_HEADER_BYTES`].
+pub fn decode_merge_header(bytes: &[u8]) -> Result<VerifiedHeader, DecodeError> {
+    decode_header_in(Domain::Merge, bytes)
 }
 
 fn decode_header_in(domain: Domain, bytes: &[u8]) -> Result<VerifiedHeader, DecodeError> {

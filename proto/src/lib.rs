@@ -56,8 +56,9 @@ mod spec;
 mod varint;
 
 pub use codec::{
-    HeaderFields, SealedPacket, decode_body, decode_header, decode_snapshot_header, encode_body,
-    encode_header, encoded_layer_len, seal, seal_snapshot,
+    HeaderFields, SealedPacket, decode_body, decode_header, decode_merge_header,
+    decode_snapshot_header, encode_body, encode_header, encoded_layer_len, seal, seal_merge,
+    seal_snapshot,
 };
 pub use error::{DecodeError, Part, SealError, SpecError};
 pub use header::{BodyHash, Embedding, PacketHeader, PacketId, SimHash, VerifiedHeader};
@@ -107,6 +108,20 @@ impl OutcomePacket {
         spec: &ModelSpec,
     ) -> Result<Self, DecodeError> {
         let header = decode_snapshot_header(header_bytes)?;
+        let body = decode_body(header.header(), spec, body_bytes)?;
+        Ok(Self { header, body })
+    }
+
+    /// Decode and verify both halves of a hub's merge ([`seal_merge`]) received from the hub.
+    ///
+    /// # Errors
+    /// The first [`DecodeError`] of [`decode_merge_header`] or [`decode_body`].
+    pub fn decode_merge(
+        header_bytes: &[u8],
+        body_bytes: &[u8],
+        spec: &ModelSpec,
+    ) -> Result<Self, DecodeError> {
+        let header = decode_merge_header(header_bytes)?;
         let body = decode_body(header.header(), spec, body_bytes)?;
         Ok(Self { header, body })
     }

@@ -294,12 +294,13 @@ pub enum RpcResponse {
         /// What the hub made of the push.
         answer: PushAnswer,
     },
-    /// A hub's merge of a round: verify the header with [`crate::decode_header`] and the body
-    /// with [`crate::decode_body`] against it.
+    /// A hub's merge of a round: verify both with [`crate::OutcomePacket::decode_merge`] (the
+    /// header is signed under the merge domain, [`crate::seal_merge`]).
     Merge {
         /// The request's id.
         id: RequestId,
-        /// The hub's sealed merge header (at most [`MAX_HEADER_BYTES`]).
+        /// The hub's sealed merge header (at most [`MAX_HEADER_BYTES`]), signed under the merge
+        /// domain.
         header: Vec<u8>,
         /// The merge's encoded body (at most [`MAX_BODY_BYTES`]).
         body: Vec<u8>,
@@ -446,9 +447,10 @@ enum WireRequest<'a> {
     },
 }
 
-/// The postcard tag of [`WireRequest::Push`] (its variant index): [`RpcRequest::decode`] reads it
+/// The first byte of an encoded [`RpcRequest::Push`] (the postcard tag of its variant):
+/// [`RpcRequest::decode`], and a transport reading a frame over [`MAX_REQUEST_BYTES`], read it
 /// first to pick the size limit.
-const PUSH_TAG: u32 = 5;
+pub const PUSH_TAG: u8 = 5;
 
 #[derive(Serialize, Deserialize)]
 enum WireErrorCode {
@@ -801,7 +803,7 @@ impl RpcRequest {
         if bytes.len() > MAX_REQUEST_BYTES {
             // Only a push may be this long. The tag is the same varint the full parse reads.
             let tag = postcard::take_from_bytes::<u32>(bytes).map(|(tag, _)| tag);
-            if tag != Ok(PUSH_TAG) {
+            if tag != Ok(u32::from(PUSH_TAG)) {
                 return Err(oversize_dec("request", bytes.len(), MAX_REQUEST_BYTES));
             }
         }
@@ -1222,7 +1224,7 @@ mod tests {
             known: vec![],
         };
         let bytes = push.encode().unwrap_or_default();
-        assert_eq!(bytes.first().copied(), u8::try_from(PUSH_TAG).ok());
+        assert_eq!(bytes.first().copied(), Some(PUSH_TAG));
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //!
 //! Each stream carries one request and its response, each as `u32 big-endian length ‖ bytes`.
 //! The length is compared with the limit *before* anything is read or allocated: requests may be
-//! at most [`MAX_REQUEST_BYTES`], and a response at most the limit of the request that caused it
+//! at most [`MAX_REQUEST_BYTES`] (a push, which carries a packet body, up to
+//! [`MAX_PUSH_REQUEST_BYTES`], once its first byte shows it is one), and a response at most the limit of the request that caused it
 //! (a headers response is small, a body response may be large). The codec instance that writes a
 //! request is the one that reads its response (libp2p clones it per outbound stream), so it
 //! remembers which limit applies.
@@ -26,7 +27,8 @@ use std::io;
 
 use futures::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use kindred_proto::rpc::{
-    MAX_REQUEST_BYTES, MAX_RESPONSE_BYTES, RpcDecodeError, RpcEncodeError, RpcRequest, RpcResponse,
+    MAX_PUSH_REQUEST_BYTES, MAX_REQUEST_BYTES, MAX_RESPONSE_BYTES, PUSH_TAG, RpcDecodeError,
+    RpcEncodeError, RpcRequest, RpcResponse,
 };
 use libp2p::StreamProtocol;
 use libp2p::request_response::Codec;
@@ -132,24 +134,66 @@ async fn read_frame<T: AsyncRead + Unpin + Send>(
     io: &mut T,
     max: usize,
 ) -> Result<Vec<u8>, FrameError> {
-    let mut prefix = [0u8; 4];
-    io.read_exact(&mut prefix).await.map_err(|e| {
-        if e.kind() == io::ErrorKind::UnexpectedEof {
-            FrameError::Codec(CodecError::Truncated)
-        } else {
-            FrameError::Io(e)
-        }
-    })?;
-    let len = u32::from_be_bytes(prefix) as usize;
+    let len = read_len(io).await?;
     if len > max {
-        return Err(FrameError::Codec(CodecError::FrameTooLarge {
-            len: len as u64,
-            max: max as u64,
-        }));
+        return Err(too_large(len, max));
     }
+    read_body(io, len, Vec::new()).await
+}
+
+/// Reads a request frame: at most [`MAX_REQUEST_BYTES`], or [`MAX_PUSH_REQUEST_BYTES`] for a
+/// frame whose first byte is a push's tag ([`PUSH_TAG`]; the one request that carries a packet
+/// body). The tag is read before anything past it, so no other request can make this node read
+/// more than the ordinary limit.
+async fn read_request_frame<T: AsyncRead + Unpin + Send>(
+    io: &mut T,
+) -> Result<Vec<u8>, FrameError> {
+    let len = read_len(io).await?;
+    if len <= MAX_REQUEST_BYTES {
+        return read_body(io, len, Vec::new()).await;
+    }
+    if len > MAX_PUSH_REQUEST_BYTES {
+        return Err(too_large(len, MAX_PUSH_REQUEST_BYTES));
+    }
+    let mut tag = [0u8; 1];
+    io.read_exact(&mut tag).await.map_err(eof_is_truncated)?;
+    if tag[0] != PUSH_TAG {
+        return Err(too_large(len, MAX_REQUEST_BYTES));
+    }
+    read_body(io, len, tag.to_vec()).await
+}
+
+fn too_large(len: usize, max: usize) -> FrameError {
+    FrameError::Codec(CodecError::FrameTooLarge {
+        len: len as u64,
+        max: max as u64,
+    })
+}
+
+fn eof_is_truncated(e: io::Error) -> FrameError {
+    if e.kind() == io::ErrorKind::UnexpectedEof {
+        FrameError::Codec(CodecError::Truncated)
+    } else {
+        FrameError::Io(e)
+    }
+}
+
+async fn read_len<T: AsyncRead + Unpin + Send>(io: &mut T) -> Result<usize, FrameError> {
+    let mut prefix = [0u8; 4];
+    io.read_exact(&mut prefix).await.map_err(eof_is_truncated)?;
+    Ok(u32::from_be_bytes(prefix) as usize)
+}
+
+/// The rest of a frame of `len` bytes, `buf` holding those already read.
+async fn read_body<T: AsyncRead + Unpin + Send>(
+    io: &mut T,
+    len: usize,
+    mut buf: Vec<u8>,
+) -> Result<Vec<u8>, FrameError> {
     // Grow with the data actually received rather than trusting the prefix up front.
-    let mut buf = Vec::with_capacity(len.min(64 * 1024));
-    io.take(len as u64)
+    buf.reserve(len.min(64 * 1024));
+    let rest = len.saturating_sub(buf.len());
+    io.take(rest as u64)
         .read_to_end(&mut buf)
         .await
         .map_err(FrameError::Io)?;
@@ -181,10 +225,7 @@ impl Codec for RpcCodec {
     where
         T: AsyncRead + Unpin + Send,
     {
-        // `RpcRequest::decode` takes a push up to `MAX_PUSH_REQUEST_BYTES`, but the node does
-        // not serve the hub exchange over the network yet: frames stay at the ordinary request
-        // limit, so a push with a real body is refused here as oversize.
-        let bytes = match read_frame(io, MAX_REQUEST_BYTES).await {
+        let bytes = match read_request_frame(io).await {
             Ok(bytes) => bytes,
             Err(FrameError::Codec(e @ CodecError::FrameTooLarge { .. })) => {
                 return Ok(WireRequest::Invalid(e));
@@ -330,14 +371,34 @@ mod tests {
                 read(huge).await,
                 WireRequest::Invalid(CodecError::FrameTooLarge {
                     len: u64::from(u32::MAX),
-                    max: MAX_REQUEST_BYTES as u64,
+                    max: MAX_PUSH_REQUEST_BYTES as u64,
                 })
             );
-            let just_over = ((MAX_REQUEST_BYTES + 1) as u32).to_be_bytes().to_vec();
+            // Over the ordinary limit and not a push: refused on its first byte, nothing more
+            // read.
+            let mut just_over = ((MAX_REQUEST_BYTES + 1) as u32).to_be_bytes().to_vec();
+            just_over.push(0);
             let WireRequest::Invalid(e) = read(just_over).await else {
                 panic!("oversize request accepted");
             };
-            assert_eq!(e.reason(), "rpc_oversize");
+            assert_eq!(
+                e,
+                CodecError::FrameTooLarge {
+                    len: (MAX_REQUEST_BYTES + 1) as u64,
+                    max: MAX_REQUEST_BYTES as u64,
+                }
+            );
+            // A push carries a body: it may be longer.
+            let push = RpcRequest::Push {
+                id: kindred_proto::RequestId(3),
+                round: 9,
+                header: vec![1; 100],
+                body: vec![2; MAX_REQUEST_BYTES * 2],
+                known: vec![vec![3; 38]],
+            };
+            let bytes = push.encode().unwrap();
+            assert!(bytes.len() > MAX_REQUEST_BYTES);
+            assert_eq!(read(framed(&bytes)).await, WireRequest::Valid(push));
             // Nothing invalid is ever written.
             let err = codec
                 .write_request(

@@ -193,6 +193,13 @@ pub enum Output {
         /// The verified snapshot, or why there is none.
         result: Result<Box<kindred_proto::OutcomePacket>, SnapshotError>,
     },
+    /// An exchange call ([`RoutingCore::exchange_call`]) finished.
+    ExchangeDone {
+        /// Which.
+        call: crate::exchange_rpc::ExchangeCallId,
+        /// What came back.
+        result: Result<crate::exchange_rpc::ExchangeReply, crate::exchange_rpc::ExchangeError>,
+    },
 }
 
 #[derive(Debug)]
@@ -293,6 +300,7 @@ pub struct RoutingCore {
     pub(crate) pending: HashMap<RequestId, Pending>,
     pub(crate) snapshot_fetches: HashMap<RequestId, SnapshotFetch>,
     pub(crate) snapshot_grants: SnapshotGrants,
+    pub(crate) exchange_calls: HashMap<RequestId, crate::exchange_rpc::PendingCall>,
     pub(crate) outputs: VecDeque<Output>,
     pub(crate) metrics: RoutingMetrics,
     next_id: u64,
@@ -317,6 +325,7 @@ impl RoutingCore {
             pending: HashMap::new(),
             snapshot_fetches: HashMap::new(),
             snapshot_grants: SnapshotGrants::default(),
+            exchange_calls: HashMap::new(),
             outputs: VecDeque::new(),
             metrics: RoutingMetrics::default(),
             next_id: 0,

@@ -10,8 +10,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures::StreamExt;
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
 use kindred_proto::OutcomePacket;
-use kindred_proto::rpc::RequestId;
+use kindred_proto::rpc::{PushAnswer, RequestId, RpcErrorCode, RpcRequest, RpcResponse};
 use libp2p::core::Endpoint;
 use libp2p::kad::store::RecordStore;
 use libp2p::kad::{self, GetProvidersOk, QueryId, QueryResult, RecordKey};
@@ -27,6 +29,9 @@ use crate::behaviour::{Behaviour, BehaviourEvent, KAD_PROTOCOL};
 use crate::codec::{CodecError, WireRequest};
 use crate::config::RoutingConfig;
 use crate::core::{AnnounceError, AnnounceId, AnnounceReport, Output, RequestFailure, RoutingCore};
+use crate::exchange_rpc::{
+    ExchangeCallId, ExchangeError, ExchangeReply, ExchangeResponder, Inbound, InboundExchange,
+};
 use crate::handle::{BootstrapError, Command, DialError, NodeInfo, ReplayMark, RoutingEvent};
 use crate::identity_gate::{BAD_IDENTITY, IdentityDenied};
 use crate::keys::{SemanticKey, dht_key};
@@ -61,6 +66,13 @@ pub(crate) struct Driver {
     lookup_replies: HashMap<LookupId, oneshot::Sender<Result<Partners, LookupError>>>,
     snapshot_replies:
         HashMap<SnapshotFetchId, oneshot::Sender<Result<OutcomePacket, SnapshotError>>>,
+    exchange_replies:
+        HashMap<ExchangeCallId, oneshot::Sender<Result<ExchangeReply, ExchangeError>>>,
+    /// Where peers' exchange requests go ([`crate::RoutingHandle::serve_exchange`]).
+    exchange_sink: Option<mpsc::Sender<InboundExchange>>,
+    /// Inbound exchange requests the node has yet to answer: each resolves to the response
+    /// channel, the peer and the node's answer (`None`: dropped unanswered).
+    answering: FuturesUnordered<BoxFuture<'static, Answering>>,
     dials: HashMap<ConnectionId, oneshot::Sender<Result<PeerId, DialError>>>,
     bootstraps: HashMap<QueryId, oneshot::Sender<Result<(), BootstrapError>>>,
     addr_book: AddrBook,
@@ -92,6 +104,9 @@ impl Driver {
             announce_replies: HashMap::new(),
             lookup_replies: HashMap::new(),
             snapshot_replies: HashMap::new(),
+            exchange_replies: HashMap::new(),
+            exchange_sink: None,
+            answering: FuturesUnordered::new(),
             dials: HashMap::new(),
             bootstraps: HashMap::new(),
             addr_book: AddrBook::new(ADDR_BOOK_PEERS),
@@ -120,6 +135,8 @@ impl Driver {
                     None => break,
                 },
                 event = self.swarm.select_next_some() => self.on_swarm_event(event),
+                Some((channel, peer, response)) = self.answering.next(),
+                    if !self.answering.is_empty() => self.send_answer(channel, peer, response),
                 () = sleep => self.core.handle_timeout(Instant::now()),
             }
             self.drain_outputs();
@@ -192,6 +209,19 @@ impl Driver {
             } => {
                 let fetch = self.core.fetch_snapshot(peer, spec, oldest_round, now);
                 self.snapshot_replies.insert(fetch, reply);
+            }
+            Command::ExchangeCall { peer, call, reply } => {
+                let id = self.core.exchange_call(peer, call, now);
+                self.exchange_replies.insert(id, reply);
+            }
+            Command::ServeExchange { capacity, reply } => {
+                let (tx, rx) = mpsc::channel(capacity.max(1));
+                self.exchange_sink = Some(tx);
+                let _ = reply.send(rx);
+            }
+            Command::ReportInvalid { peer, reason } => {
+                self.core.report_invalid(peer, reason, now);
+                self.drain_outputs();
             }
             Command::Metrics { reply } => {
                 let mut metrics = self.core.metrics().clone();
@@ -391,6 +421,11 @@ impl Driver {
                         let _ = reply.send(result.map(|s| *s));
                     }
                 }
+                Output::ExchangeDone { call, result } => {
+                    if let Some(reply) = self.exchange_replies.remove(&call) {
+                        let _ = reply.send(result);
+                    }
+                }
             }
         }
     }
@@ -540,6 +575,14 @@ impl Driver {
                     drop(channel);
                 }
                 request_response::Message::Request {
+                    request:
+                        WireRequest::Valid(
+                            request @ (RpcRequest::Push { .. } | RpcRequest::GetMerge { .. }),
+                        ),
+                    channel,
+                    ..
+                } => self.on_exchange_request(peer, request, channel, now),
+                request_response::Message::Request {
                     request: WireRequest::Valid(request),
                     channel,
                     ..
@@ -582,6 +625,93 @@ impl Driver {
                 tracing::debug!(%peer, %error, "inbound request failed");
             }
             request_response::Event::ResponseSent { .. } => {}
+        }
+    }
+}
+
+/// An inbound exchange request being answered by the node.
+type Answering = (
+    request_response::ResponseChannel<RpcResponse>,
+    PeerId,
+    Option<RpcResponse>,
+);
+
+impl Driver {
+    /// A peer's push or merge fetch: to the node if it serves the exchange (answered when its
+    /// [`ExchangeResponder`] is used), refused otherwise.
+    fn on_exchange_request(
+        &mut self,
+        peer: PeerId,
+        request: RpcRequest,
+        channel: request_response::ResponseChannel<RpcResponse>,
+        now: Instant,
+    ) {
+        let serving = self.exchange_sink.as_ref().is_some_and(|s| !s.is_closed());
+        let id = request.id();
+        let is_push = matches!(request, RpcRequest::Push { .. });
+        let call = match self.core.exchange_request(peer, request, serving, now) {
+            Inbound::Call(call) => call,
+            Inbound::Respond(response) => {
+                let _ = self
+                    .swarm
+                    .behaviour_mut()
+                    .rpc
+                    .send_response(channel, response);
+                return;
+            }
+            Inbound::Drop => return,
+        };
+        let (tx, rx) = oneshot::channel();
+        let inbound = InboundExchange {
+            peer,
+            call,
+            reply: ExchangeResponder::new(id, tx),
+        };
+        let Some(sink) = &self.exchange_sink else {
+            return;
+        };
+        if let Err(e) = sink.try_send(inbound) {
+            // The node is behind: a push is answered busy, a merge fetch not-ready, both of
+            // which the peer's exchange handles like any hub's.
+            tracing::debug!(%peer, full = matches!(e, mpsc::error::TrySendError::Full(_)),
+                "exchange request not taken");
+            let response = if is_push {
+                RpcResponse::PushAnswer {
+                    id,
+                    answer: PushAnswer::Busy,
+                }
+            } else {
+                RpcResponse::Error {
+                    id,
+                    code: RpcErrorCode::NotFound,
+                }
+            };
+            self.send_answer(channel, peer, Some(response));
+            return;
+        }
+        self.answering
+            .push(Box::pin(async move { (channel, peer, rx.await.ok()) }));
+    }
+
+    fn send_answer(
+        &mut self,
+        channel: request_response::ResponseChannel<RpcResponse>,
+        peer: PeerId,
+        response: Option<RpcResponse>,
+    ) {
+        // Dropped unanswered: the channel closes and the peer's request fails.
+        let Some(response) = response else {
+            return;
+        };
+        self.core.exchange_response_sent(&peer, &response);
+        if self
+            .swarm
+            .behaviour_mut()
+            .rpc
+            .send_response(channel, response)
+            .is_err()
+        {
+            tracing::debug!(%peer, "requester went away before the exchange answer");
         }
     }
 }

@@ -188,6 +188,21 @@ pub(crate) enum Command {
         oldest_round: u64,
         reply: oneshot::Sender<Result<OutcomePacket, SnapshotError>>,
     },
+    ExchangeCall {
+        peer: PeerId,
+        call: crate::exchange_rpc::ExchangeCall,
+        reply: oneshot::Sender<
+            Result<crate::exchange_rpc::ExchangeReply, crate::exchange_rpc::ExchangeError>,
+        >,
+    },
+    ServeExchange {
+        capacity: usize,
+        reply: oneshot::Sender<mpsc::Receiver<crate::exchange_rpc::InboundExchange>>,
+    },
+    ReportInvalid {
+        peer: PeerId,
+        reason: &'static str,
+    },
     Metrics {
         reply: oneshot::Sender<RoutingMetrics>,
     },
@@ -313,6 +328,45 @@ impl RoutingHandle {
         })
         .await
         .unwrap_or(Err(SnapshotError::Stopped))
+    }
+
+    /// Send a hub-exchange call to `peer` ([`crate::exchange_rpc`]): a push, answered at once,
+    /// or a merge fetch, whose merge comes back verified (signed by `peer` under the merge
+    /// domain, of the spec's model and the round asked).
+    ///
+    /// # Errors
+    /// [`crate::ExchangeError`]: refused, failed (timeout, connection), invalid (the peer was
+    /// penalised), or the driver stopped.
+    pub async fn exchange_call(
+        &self,
+        peer: PeerId,
+        call: crate::exchange_rpc::ExchangeCall,
+    ) -> Result<crate::exchange_rpc::ExchangeReply, crate::exchange_rpc::ExchangeError> {
+        self.ask(|reply| Command::ExchangeCall { peer, call, reply })
+            .await
+            .unwrap_or(Err(crate::exchange_rpc::ExchangeError::Stopped))
+    }
+
+    /// Serve the hub exchange from now on: peers' pushes and merge fetches arrive on the
+    /// returned channel (at most `capacity` waiting; past that a push is answered busy and a
+    /// merge fetch not-ready) for the node to answer. Until this is called, and after the
+    /// receiver is dropped, both are refused. `None` when the driver has stopped.
+    pub async fn serve_exchange(
+        &self,
+        capacity: usize,
+    ) -> Option<mpsc::Receiver<crate::exchange_rpc::InboundExchange>> {
+        self.ask(|reply| Command::ServeExchange { capacity, reply })
+            .await
+    }
+
+    /// `peer` sent exchange traffic that does not verify (`reason`, a short stable label such
+    /// as a [`kindred_proto::DecodeError::reason`]): count it and penalise the peer like one
+    /// that sent a bad packet.
+    pub async fn report_invalid(&self, peer: PeerId, reason: &'static str) {
+        let _ = self
+            .commands
+            .send(Command::ReportInvalid { peer, reason })
+            .await;
     }
 
     /// A snapshot of the counters.

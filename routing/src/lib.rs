@@ -47,6 +47,7 @@ pub mod core;
 pub mod discovery;
 mod driver;
 pub mod exchange;
+pub mod exchange_rpc;
 mod handle;
 pub mod identity_gate;
 pub mod index;
@@ -67,6 +68,10 @@ pub use config::{
 };
 pub use core::{AnnounceError, AnnounceId, AnnounceReport, Output, RequestFailure, RoutingCore};
 pub use discovery::{Discovery, Follower, RoundPlan};
+pub use exchange_rpc::{
+    ExchangeCall, ExchangeCallId, ExchangeError, ExchangeReply, ExchangeResponder, HubAnswer,
+    InboundCall, InboundExchange,
+};
 pub use handle::{
     BootstrapError, DialError, NodeInfo, ReplayMark, RoutingEvent, RoutingHandle, SpawnError, spawn,
 };

@@ -526,6 +526,17 @@ impl RoutingCore {
             }
             return self.on_snapshot_response(peer, id, fetch, result, now);
         }
+        if let Some(call) = self.exchange_calls.remove(&id) {
+            if call.peer != peer {
+                tracing::error!(%peer, expected = %call.peer, "response from an unexpected peer");
+                self.outputs.push_back(Output::ExchangeDone {
+                    call: call.call,
+                    result: Err(crate::ExchangeError::Failed("unexpected_peer")),
+                });
+                return;
+            }
+            return self.on_exchange_response(peer, id, call, result, now);
+        }
         let Some(pending) = self.pending.remove(&id) else {
             return;
         };

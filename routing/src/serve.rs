@@ -10,9 +10,8 @@
 //! - `GetSnapshot` returns the node's newest model snapshot, if the store holds one, and only
 //!   to a peer that was served one of this node's bodies lately (one snapshot per body: see
 //!   [`crate::snapshot`]); anyone else is refused;
-//! - the hub exchange's `Push` and `GetMerge` are refused: the node does not run the hub
-//!   exchange over the network yet (the codec does not even read a push past the ordinary
-//!   request limit).
+//! - the hub exchange's `Push` and `GetMerge` never reach the store: the driver hands them to
+//!   the node that serves the exchange ([`crate::exchange_rpc`]), or refuses them.
 //!
 //! Banned peers get [`RpcErrorCode::Refused`]; every request and response is counted per kind
 //! and per peer. A request that does not decode (or claims more than the request limit) reaches
@@ -115,7 +114,7 @@ impl RoutingCore {
                     }
                     None => not_found,
                 },
-                // The hub exchange is not served over the network yet.
+                // Answered by the node through `exchange_rpc`; refused if one gets here.
                 RpcRequest::Push { .. } | RpcRequest::GetMerge { .. } => RpcResponse::Error {
                     id,
                     code: RpcErrorCode::Refused,

@@ -74,6 +74,8 @@ struct Node {
     /// Persisted state (taken at every round's end), what a restart restores.
     saved: Option<Snapshot<u32>>,
     back_at: u64,
+    /// The round its core started fresh (its local rounds count from there).
+    first_round: u64,
     /// Rounds it ran from start to end without a crash.
     whole: BTreeSet<u64>,
     /// Finished reports: round → (time, hub, role, apply).
@@ -122,6 +124,7 @@ impl Net {
                     hostile: hostile.contains(&i),
                     saved: None,
                     back_at: 0,
+                    first_round: 0,
                     whole: BTreeSet::new(),
                     reports: BTreeMap::new(),
                     passed: BTreeSet::new(),
@@ -401,7 +404,8 @@ impl Net {
             let checked = node.passed.contains(merge);
             // A hub's merge in the first exchange round is not checked by its data (its
             // members' data checked its model).
-            let unchecked_ok = report.role == Role::Hub && report.round == config().local_rounds;
+            let unchecked_ok = report.role == Role::Hub
+                && report.round == node.first_round + config().local_rounds;
             if !checked && !unchecked_ok {
                 self.violations.push(format!(
                     "node {i} applies unchecked {merge:?} in round {}",
@@ -486,7 +490,10 @@ impl Net {
                 if node.core.is_none() && node.back_at <= round {
                     node.core = Some(match node.saved.clone() {
                         Some(s) => Exchange::restore(config(), s).unwrap(),
-                        None => Exchange::new(i, node.rank, config()),
+                        None => {
+                            node.first_round = round;
+                            Exchange::new(i, node.rank, config())
+                        }
                     });
                 }
                 let Some(core) = node.core.as_mut() else {

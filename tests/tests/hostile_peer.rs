@@ -1,11 +1,12 @@
 //! A hostile process on the swarm serves forged, oversize and malformed headers and bodies that do
-//! not match their hash: honest nodes reject every one, count the rejects, ban it, never merge
-//! with it, and keep running.
+//! not match their hash: honest nodes running the pairwise exchange (which fetches them) reject
+//! every one, count the rejects, ban it, never merge with it, and keep running.
 #![allow(clippy::unwrap_used)]
 
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use kindred_node::config::ExchangeKind;
 use kindred_tests::{NodeProc, TempDir, free_ports, node_config, wait_for};
 
 /// The DHT search period of every node here, the hostile one included.
@@ -20,6 +21,8 @@ fn hostile_peer_is_banned_and_nobody_crashes() {
         // An honest node meets a peer it does not follow only in discovery rounds; searching
         // every other round lets three offences (a ban) accrue in seconds, not minutes.
         c.discovery_every = DISCOVERY_EVERY;
+        // The hostile peer attacks the pairwise exchange's fetches (headers and bodies).
+        c.exchange = ExchangeKind::Pairwise;
         if let Some(first) = nodes.first() {
             c.bootstrap = vec![first.bootstrap_addr()];
         }

@@ -3,6 +3,7 @@
 //! training alone.
 #![allow(clippy::unwrap_used, clippy::print_stdout)]
 
+use kindred_node::config::ExchangeKind;
 use kindred_node::demo::{self, DemoOptions};
 use kindred_tests::{TempDir, kindred_bin};
 
@@ -21,6 +22,7 @@ fn eight_nodes_two_clusters_merge_within_their_cluster_and_beat_local_training()
         steps: 50,
         discovery_every: 10,
         snapshot_every: 2,
+        exchange: ExchangeKind::Pairwise,
         dir: Some(dir.path().to_path_buf()),
         binary: kindred_bin(),
     })

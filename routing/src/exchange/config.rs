@@ -88,6 +88,21 @@ pub struct ExchangeConfig {
     pub timing: Timing,
 }
 
+impl ExchangeConfig {
+    /// The semantic keys the hub exchange searches and announces under: 3 bands of 4 bits,
+    /// with no multi-probe keys. A search only has to find one peer of the node's cohort (views
+    /// spread the rest), so a few coarse bands do, and each band key is one Kademlia walk:
+    /// the pairwise exchange's 16 bands of 16 bits and 8 probes are 40 walks a search.
+    ///
+    /// ```
+    /// let keys = kindred_routing::exchange::ExchangeConfig::keys();
+    /// assert_eq!((keys.bands(), keys.band_bits()), (3, 4));
+    /// ```
+    pub fn keys() -> crate::KeyConfig {
+        crate::KeyConfig::new(3, 4).unwrap_or_default()
+    }
+}
+
 impl Default for ExchangeConfig {
     fn default() -> Self {
         Self {

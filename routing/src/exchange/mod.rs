@@ -15,7 +15,9 @@
 //!
 //! # Roles
 //! A node trains alone for [`ExchangeConfig::local_rounds`] rounds (its embedding must describe
-//! its data). Then, each round:
+//! its data), counted, like its warm-up searches and candidate rounds, from the first round it
+//! runs: round numbers are the swarm's (the node's are its wall clock's), so a node that joins
+//! late warms up like one that started with the swarm. Then, each round:
 //! 1. **Search.** A node that is its own hub searches its band keys in exchange rounds
 //!    `0..warmup_searches` and then every [`ExchangeConfig::search_every`]; while cohorts form
 //!    ([`ExchangeConfig::candidate_rounds`]) only hub candidates ([`crate::is_hub_candidate`])
@@ -76,9 +78,9 @@
 //!
 //! # Persistence
 //! [`Exchange::snapshot`] is what survives a restart (the view, bans and strikes, the hub
-//! joined, the misses), versioned ([`SNAPSHOT_VERSION`]); [`Exchange::restore`] takes it back.
-//! A round in flight is not part of it: a restored node begins at its next round, as a crashed
-//! one would.
+//! joined, the misses, the first round), versioned ([`SNAPSHOT_VERSION`]);
+//! [`Exchange::restore`] takes it back. A round in flight is not part of it: a restored node
+//! begins at its next round, as a crashed one would.
 
 mod config;
 mod hub;
@@ -101,7 +103,7 @@ use round::{Round, Step};
 use view::{View, ViewState};
 
 /// The version of [`Snapshot`] this build writes and reads.
-pub const SNAPSHOT_VERSION: u16 = 2;
+pub const SNAPSHOT_VERSION: u16 = 3;
 
 /// Why [`Exchange::restore`] refused a snapshot.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -125,6 +127,7 @@ pub struct Snapshot<P> {
     view: ViewState<P>,
     joined: Option<P>,
     misses: Option<(P, u32)>,
+    first_round: Option<u64>,
     last_round: Option<u64>,
     next_ticket: u64,
     window: u64,
@@ -191,6 +194,9 @@ pub struct Exchange<P, M> {
     told: Option<(P, u64)>,
     /// A hub: the version of its view each member last received with a merge.
     listed_to: BTreeMap<P, u64>,
+    /// The first round the node ran: its local rounds, warm-up searches and candidate rounds
+    /// count from there (round numbers are the swarm's, the same for every node).
+    first_round: Option<u64>,
     last_round: Option<u64>,
     next_ticket: u64,
     /// The rank window the view's ranks are of ([`Exchange::rerank`]).
@@ -212,6 +218,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             misses: None,
             told: None,
             listed_to: BTreeMap::new(),
+            first_round: None,
             last_round: None,
             next_ticket: 0,
             window: 0,
@@ -227,6 +234,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             view: self.view.state(),
             joined: self.joined.clone(),
             misses: self.misses.clone(),
+            first_round: self.first_round,
             last_round: self.last_round,
             next_ticket: self.next_ticket,
             window: self.window,
@@ -252,6 +260,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             misses: snapshot.misses,
             told: None,
             listed_to: BTreeMap::new(),
+            first_round: snapshot.first_round,
             last_round: snapshot.last_round,
             next_ticket: snapshot.next_ticket,
             window: snapshot.window,
@@ -391,8 +400,11 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
     }
 
     /// Rounds since the exchange began, or `None` in a local round.
+    /// The node's exchange round of swarm round `round`: its rounds since its first, past its
+    /// local rounds (`None` in a local round).
     fn exchange_round(&self, round: u64) -> Option<u64> {
-        round.checked_sub(self.config.local_rounds)
+        let first = self.first_round.unwrap_or(round);
+        round.checked_sub(first.saturating_add(self.config.local_rounds))
     }
 
     fn set_step(&mut self, step: Step<P, M>) {
@@ -408,6 +420,9 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
         }
         // A round still open ends now, as at its deadline.
         self.expire();
+        if self.first_round.is_none() {
+            self.first_round = Some(round);
+        }
         let role = if self.exchange_round(round).is_some() {
             Role::Member
         } else {

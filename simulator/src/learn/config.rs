@@ -110,13 +110,9 @@ pub struct PolicySpec {
     pub consensus: Option<Consensus>,
 }
 
-/// Top-k density of the hub exchange's packets (`PolicySpec::kindred`): two and a half
-/// times the node's default. A member moves two compressed updates a round whatever its
-/// cohort's size, against one per partner in the pairwise exchange, so it can afford denser
-/// ones; on iid, 2% cost the hub exchange 0.44 point against 4% (BENCHMARKS.md, density
-/// frontier), and with local rounds 4% gave 91.03% and 5% 91.08% over seeds 1-8 for 1.7 KB
-/// more per node per round (BENCHMARKS.md, eighteenth session).
-pub const HUB_DENSITY: f32 = 0.05;
+/// Top-k density of the hub exchange's packets (`PolicySpec::kindred`): the node's
+/// ([`Policy::HUB_DENSITY`]).
+pub const HUB_DENSITY: f32 = Policy::HUB_DENSITY;
 
 impl PolicySpec {
     /// Kindred: its packets and robust merge in the hub exchange ([`Partners::Hub`]), where
@@ -130,11 +126,8 @@ impl PolicySpec {
         Self {
             name: "kindred".into(),
             partners: Partners::Hub,
-            compression: Compression::Distill(Policy {
-                density: HUB_DENSITY,
-                warmup: Vec::new(),
-                ..Policy::default()
-            }),
+            compression: Compression::Distill(Policy::hub()),
+            // A hub's merge takes `SynthConfig::for_hub` of its cohort's size (`hub.rs`).
             merge: Merge::Robust(SynthConfig::for_node(true)),
             consensus: None,
         }
@@ -523,7 +516,7 @@ impl Default for HubConfig {
     fn default() -> Self {
         Self {
             local_rounds: 2,
-            keys: KeyConfig::new(3, 4).unwrap_or_default(),
+            keys: kindred_routing::exchange::ExchangeConfig::keys(),
             probes: 0,
             search_every: 10,
             candidates: 4,

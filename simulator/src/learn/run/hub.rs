@@ -32,8 +32,8 @@
 use std::collections::{BTreeMap, HashMap};
 
 use kindred_distill::{
-    AggregateRejection, Distiller, ShardScores, check_adoption, check_aggregate, check_by_data,
-    decode, snapshot,
+    AggregateRejection, Distiller, ShardScores, SynthConfig, check_adoption, check_aggregate,
+    check_by_data, decode, snapshot,
 };
 use kindred_proto::rpc::{PushAnswer, RequestId, RpcRequest, RpcResponse};
 use kindred_proto::{HeaderFields, SIMHASH_BITS, SimHash, seal};
@@ -46,7 +46,7 @@ use libp2p_identity::ed25519;
 use rayon::prelude::*;
 
 use super::{Data, LearnError, Merged, Packed, corrupt, maximal, merge_with, node_word};
-use crate::learn::config::{Attack, Faults, LearnConfig, PolicySpec};
+use crate::learn::config::{Attack, Faults, LearnConfig, Merge, PolicySpec};
 use crate::routing::overlay::{Overlay, Search};
 
 /// A round's length in virtual time.
@@ -1048,19 +1048,17 @@ impl Driver<'_, '_, '_, '_> {
             samples: r.samples,
         };
         let hu = h as usize;
+        // A hub's robust merge has the gate of its cohort's size, as in the node.
+        let mut policy = self.policy.clone();
+        if let Merge::Robust(_) = policy.merge {
+            policy.merge = Merge::Robust(SynthConfig::for_hub(members.len()));
+        }
         let Merged {
             update: raw,
             accepted: contributors,
             rejected,
             ..
-        } = merge_with(
-            self.policy,
-            hu,
-            members,
-            (r.sent)(hu),
-            &exchange,
-            members.len(),
-        )?;
+        } = merge_with(&policy, hu, members, (r.sent)(hu), &exchange, members.len())?;
         let out = match distiller.distill(&raw) {
             Ok(out) => out,
             Err(e) => {

@@ -1,0 +1,1201 @@
+//! The hub exchange in the node: the network driver of `kindred_routing::exchange::Exchange`.
+//!
+//! The exchange core decides everything (who searches, whom the node pushes to, joining,
+//! admission, what a member accepts, strikes and bans, deadlines); the simulator drives the
+//! same core in virtual time. This driver does what the core asks, over the network and on the
+//! node's own model and data:
+//! - **Messages**: a push and its answer, a merge fetch and the merge, ride the routing task's
+//!   exchange RPCs ([`kindred_routing::exchange_rpc`]); a hub's model is its snapshot
+//!   (`GetSnapshot`). A member fetches its merge with a long poll as soon as its hub accepts its
+//!   push: the hub parks the request ([`PARK_MS`] at most) and answers it when the merge is
+//!   ready, so a merge costs no extra round trip and no request ever outlives its timeout.
+//! - **Searches** are routing lookups that fetch no body (`top_m` 0): the candidates' headers,
+//!   ranked by sketch cosine. A header does not name its sender's hub, so each candidate
+//!   stands for itself; a member pushed to answers with its hub ([`HubAnswer::NotHub`]) and the
+//!   pusher follows.
+//! - **Compute**, inline on the round's task: a hub merges its own sent update with its
+//!   admitted members' (`kindred_distill::synthesize`) and distills the merge with a distiller of
+//!   its own (its own error feedback), sealed under the merge domain
+//!   ([`kindred_proto::seal_merge`]); a member checks a merge by direction and norm against its
+//!   own sent update (`check_aggregate`) and, when the core asks, on its own training shard
+//!   (`check_by_data`); a joining member checks its hub's model the same way and
+//!   `check_adoption` decides whether it takes the model or keeps its own.
+//! - **Time**: the core's clock is the wall clock in milliseconds; rounds follow
+//!   [`crate::run`]'s schedule, and the core's deadline is [`DEADLINE_SHARE`] of the round, so the
+//!   node applies, evaluates and checkpoints before the next round starts.
+//!
+//! Ranks are `kindred_routing::hub_rank_at` of each peer's identity in the round's rank
+//! window, computed here, never taken from the network. What persists across a restart is
+//! the core's snapshot and the hub distiller's state ([`HubDriver::persist`]).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
+use kindred_distill::{
+    AggregateCheck, AggregateRejection, Distiller, DistillerState, MIN_GAIN_SHARE, ShardScores,
+    UpdateRef, check_adoption, check_aggregate, check_by_data, decode, synthesize,
+};
+use kindred_proto::{Embedding, HeaderFields, ModelSpec, OutcomePacket, seal_merge};
+use kindred_routing::exchange::{
+    Answer, Apply, Exchange, ExchangeConfig, Input, MergeVerdict, Millis, ModelVerdict, Output,
+    Role, RoundReport, SeenHeader, Snapshot, Ticket,
+};
+use kindred_routing::{
+    ExchangeCall, ExchangeError, ExchangeReply, HubAnswer, InboundCall, InboundExchange,
+    PartnerQuery, RoutingHandle, SnapshotError, hub_rank_at,
+};
+use libp2p::PeerId;
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+
+use crate::engine::{Engine, EngineError, Outgoing};
+use crate::store::Store;
+
+/// The core's deadline, as a share of the round: the rest is for applying, evaluating and
+/// checkpointing before the next round.
+pub const DEADLINE_SHARE: f64 = 0.9;
+/// Longest a hub holds a member's merge fetch before answering "not ready" (below the
+/// transport's 10 s request timeout).
+pub const PARK_MS: u64 = 8_000;
+/// Inbound exchange requests waiting for the node, at most (past that, pushes are answered
+/// busy by the routing task).
+pub const INBOX: usize = 512;
+/// How far a hub's model may be from a joining member's, as a multiple of the member's
+/// cumulative update (`check_adoption`); the simulator's value.
+const ADOPT_MAX_RATIO: f32 = 1.0;
+/// Version of the persisted record ([`HubDriver::persist`]).
+const RECORD_VERSION: u16 = 1;
+
+/// Why the hub exchange failed in a way the round cannot go on from.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum HubError {
+    /// The engine failed.
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    /// The persisted exchange state does not read back.
+    #[error("exchange state: {0}")]
+    State(String),
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+type Handle = u64;
+
+/// A payload the core passes around by handle.
+#[derive(Debug)]
+enum Blob {
+    /// The node's own packet of a round.
+    Own {
+        header: Vec<u8>,
+        body: Vec<u8>,
+        sent: Vec<f32>,
+        samples: u64,
+        loss: f32,
+        embedding: Embedding,
+    },
+    /// A member's pushed update.
+    Pushed { update: Vec<f32>, samples: u64 },
+    /// A hub's model as its cumulative update (`None`: it has none to serve yet).
+    Model(Option<Vec<f32>>),
+    /// A merge: a hub's own (with `raw`, the merge before distillation, and the sealed bytes
+    /// it serves) or one received from its hub.
+    Merge {
+        update: Vec<f32>,
+        raw: Option<Vec<f32>>,
+        sealed: Option<(Vec<u8>, Vec<u8>)>,
+        contributors: Vec<PeerId>,
+    },
+}
+
+/// A merge a hub serves its members for one round.
+#[derive(Debug)]
+struct Served {
+    header: Vec<u8>,
+    body: Vec<u8>,
+    listed: Vec<PeerId>,
+    /// Members it is served to, and whether each gets the listing.
+    to: HashMap<PeerId, bool>,
+}
+
+/// What one of the driver's network operations brought back.
+enum Event {
+    Search {
+        round: u64,
+        found: Vec<(PeerId, f32)>,
+    },
+    Model {
+        ticket: Ticket,
+        model: Option<Option<Vec<f32>>>,
+    },
+    Answer {
+        from: PeerId,
+        round: u64,
+        answer: Result<ExchangeReply, ExchangeError>,
+        bytes: usize,
+    },
+    Merge {
+        from: PeerId,
+        round: u64,
+        reply: Result<ExchangeReply, ExchangeError>,
+    },
+}
+
+/// What the node's exchange did in a round: for its status, metrics and round log line.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct HubRoundStats {
+    /// `hub`, `member` or `local`.
+    pub role: String,
+    /// The hub pushed to (the node itself as a hub or alone).
+    pub hub: String,
+    /// Peers in the node's cohort view.
+    pub cohort: usize,
+    /// What was applied: `own`, `merge`, `adopt+merge`, `adopt` or `nothing`.
+    pub applied: String,
+    /// A merge was expected and did not come.
+    pub missed: bool,
+    /// Pushes received (as a hub).
+    pub pushes_received: u64,
+    /// Members whose updates are in the merge served (as a hub).
+    pub merged: usize,
+    /// Members the merge was served to (as a hub).
+    pub served: usize,
+    /// Merges refused by the node's checks.
+    pub refused: u64,
+    /// Peers banned by the exchange.
+    pub bans: u64,
+    /// Peers whose updates are in the merge applied (the hub's members for a member; its
+    /// own members for a hub).
+    pub partners: Vec<PeerId>,
+    /// Bytes of the packet pushed, and of the merge received or served.
+    pub push_bytes: u64,
+    /// Bytes of merges received (a member) or served (a hub).
+    pub merge_bytes: u64,
+    /// Bytes of a hub's model fetched to join it.
+    pub model_bytes: u64,
+}
+
+/// The persisted part of the driver.
+#[derive(Serialize, Deserialize)]
+struct Record {
+    version: u16,
+    snapshot: Snapshot<PeerId>,
+}
+
+/// The hub exchange of one node.
+pub struct HubDriver {
+    core: Exchange<PeerId, Handle>,
+    own: PeerId,
+    spec: Arc<ModelSpec>,
+    routing: RoutingHandle,
+    inbox: mpsc::Receiver<InboundExchange>,
+    /// The hub's merge distiller (its own error feedback).
+    distiller: Distiller,
+    check: AggregateCheck,
+    blobs: HashMap<Handle, Blob>,
+    next_handle: Handle,
+    /// Pushes waiting for the core's answer, by pusher and round.
+    pushes: HashMap<(PeerId, u64), kindred_routing::ExchangeResponder>,
+    /// Merge fetches parked until the merge is served, with when to give up.
+    parked: HashMap<(PeerId, u64), (kindred_routing::ExchangeResponder, u64)>,
+    /// Merges served, by round (this one and the last).
+    served: BTreeMap<u64, Served>,
+    /// Answers to pushes already answered (a refusal at the admission's close): given to the
+    /// pusher's merge fetch.
+    later: HashMap<(PeerId, u64), HubAnswer>,
+    /// Operations in flight.
+    ops: FuturesUnordered<BoxFuture<'static, Event>>,
+    /// Merge fetches in flight, by hub and round.
+    polling: HashSet<(PeerId, u64)>,
+    /// The round's own packet handle and header, once ready.
+    current: Option<(u64, Handle)>,
+    /// The node's newest own header and its SimHash margins (what a search looks up with and
+    /// pushes are compared to).
+    own_header: Option<(kindred_proto::VerifiedHeader, Vec<f32>)>,
+    /// When the round's searches may look up ([`SEARCH_AFTER`]).
+    search_after: u64,
+    finished: Option<RoundReport<PeerId, Handle>>,
+    stats: HubRoundStats,
+}
+
+impl HubDriver {
+    /// Start the node's exchange: serve pushes and merge fetches from now on, restoring the
+    /// state `store` holds if any (a node that restarts keeps its cohort view, its joined hub
+    /// and its hub's error feedback).
+    ///
+    /// # Errors
+    /// [`HubError`] when the persisted state does not read back or the routing task stopped.
+    pub async fn start(
+        engine: &Engine,
+        routing: RoutingHandle,
+        round_ms: u64,
+    ) -> Result<Self, HubError> {
+        let own = engine.peer_id();
+        let config = exchange_config(round_ms);
+        let mut distiller = engine.new_distiller()?;
+        // The exchange's state is worth keeping (the view, the joined hub, the hub's error
+        // feedback) but not worth refusing to start over: without it the node searches again.
+        let core = match restore(engine, &config, &mut distiller) {
+            Ok(Some(core)) => {
+                tracing::info!(hub = ?core.joined(), cohort = core.cohort().len(),
+                    "exchange state restored");
+                core
+            }
+            Ok(None) => Exchange::new(own, rank(&own, 0), config),
+            Err(e) => {
+                tracing::warn!(error = %e, "exchange state not restored; starting it afresh");
+                distiller = engine.new_distiller()?;
+                Exchange::new(own, rank(&own, 0), config)
+            }
+        };
+        let inbox = routing
+            .serve_exchange(INBOX)
+            .await
+            .ok_or_else(|| HubError::State("the routing task has stopped".into()))?;
+        Ok(Self {
+            core,
+            own,
+            spec: engine.spec().clone(),
+            routing,
+            inbox,
+            distiller,
+            check: AggregateCheck::default(),
+            blobs: HashMap::new(),
+            next_handle: 0,
+            pushes: HashMap::new(),
+            parked: HashMap::new(),
+            served: BTreeMap::new(),
+            later: HashMap::new(),
+            ops: FuturesUnordered::new(),
+            polling: HashSet::new(),
+            current: None,
+            own_header: None,
+            search_after: 0,
+            finished: None,
+            stats: HubRoundStats::default(),
+        })
+    }
+
+    /// Run round `round` (started at `start_ms`, `round_ms` long) of the exchange with the
+    /// node's packet `out`, until the core finishes it (by [`DEADLINE_SHARE`] of the round at
+    /// the latest); apply what it says, and return what it did and the update applied.
+    ///
+    /// # Errors
+    /// [`HubError`] when the engine cannot apply what the round ends with.
+    pub async fn round(
+        &mut self,
+        engine: &mut Engine,
+        out: &Outgoing,
+        round: u64,
+        start_ms: u64,
+        round_ms: u64,
+    ) -> Result<(HubRoundStats, Vec<f32>), HubError> {
+        self.stats = HubRoundStats::default();
+        self.finished = None;
+        let deadline_ms = start_ms + (round_ms as f64 * DEADLINE_SHARE) as u64;
+        self.search_after = start_ms + (round_ms as f64 * SEARCH_AFTER) as u64;
+        let window = self.core.window_of(round);
+        if window != self.core.rank_window() {
+            self.core.rerank(window, |p| rank(p, window));
+        }
+        // Blobs of past rounds are not asked for again (the core drops their tickets).
+        self.blobs.clear();
+        self.served.retain(|&r, _| r + 1 >= round);
+        self.later.retain(|&(_, r), _| r + 1 >= round);
+        let packet = self.put(Blob::Own {
+            header: out.packet.header_bytes.clone(),
+            body: out.packet.body_bytes.clone(),
+            sent: out.sent.clone(),
+            samples: out.samples,
+            loss: out.loss,
+            embedding: out.packet.header.header().embedding.clone(),
+        });
+        self.current = Some((round, packet));
+        self.own_header = Some((out.packet.header.clone(), out.margins.clone()));
+        let now = Millis(now_ms());
+        self.core.handle(
+            now,
+            Input::RoundStart {
+                round,
+                deadline: Millis(deadline_ms),
+            },
+        );
+        self.core.handle(now, Input::PacketReady { round, packet });
+        self.pump(engine, deadline_ms).await?;
+        let report = self.finished.take();
+        let delta = match report {
+            Some(report) => self.finish(engine, &report)?,
+            None => {
+                // Not reachable while the core keeps its contract; apply the own update.
+                tracing::warn!(
+                    round,
+                    "the exchange did not finish its round by the deadline"
+                );
+                engine.apply(None, Some(&out.sent))?
+            }
+        };
+        self.stats.cohort = self.core.cohort().len();
+        Ok((std::mem::take(&mut self.stats), delta))
+    }
+
+    /// Serve peers (pushes, merge fetches) until `until_ms`: between rounds.
+    ///
+    /// # Errors
+    /// [`HubError`] when the engine fails a check it was asked for.
+    pub async fn idle_until(&mut self, engine: &mut Engine, until_ms: u64) -> Result<(), HubError> {
+        let stats = std::mem::take(&mut self.stats);
+        let r = self.pump_until(engine, until_ms).await;
+        self.stats = stats;
+        r
+    }
+
+    /// Persist the core's snapshot and the hub distiller's state; call before the round's
+    /// checkpoint, which makes them durable with it.
+    ///
+    /// # Errors
+    /// [`HubError::Store`] when writing fails.
+    pub fn persist(&self, store: &Store) -> Result<(), HubError> {
+        let record = Record {
+            version: RECORD_VERSION,
+            snapshot: self.core.snapshot(),
+        };
+        let bytes = postcard::to_allocvec(&record).map_err(|e| HubError::State(e.to_string()))?;
+        let blob = if self.distiller.round() > 0 {
+            Some(store.put_blob(&self.distiller.state().to_bytes())?)
+        } else {
+            None
+        };
+        store.put_exchange(&bytes, blob)?;
+        Ok(())
+    }
+
+    /// The hub the node pushes to now (itself as a hub or alone).
+    pub fn hub(&self) -> PeerId {
+        self.core.hub()
+    }
+
+    fn put(&mut self, blob: Blob) -> Handle {
+        let h = self.next_handle;
+        self.next_handle += 1;
+        self.blobs.insert(h, blob);
+        h
+    }
+
+    /// Drive the core until its round finishes or `deadline_ms` passes.
+    async fn pump(&mut self, engine: &mut Engine, deadline_ms: u64) -> Result<(), HubError> {
+        // The core finishes by its deadline once its timer fires there; a little slack for the
+        // timer itself.
+        let limit = deadline_ms.saturating_add(200);
+        loop {
+            self.drain(engine)?;
+            if self.finished.is_some() {
+                return Ok(());
+            }
+            if now_ms() >= limit {
+                return Ok(());
+            }
+            self.step(limit).await;
+        }
+    }
+
+    async fn pump_until(&mut self, engine: &mut Engine, until_ms: u64) -> Result<(), HubError> {
+        loop {
+            self.drain(engine)?;
+            if now_ms() >= until_ms {
+                return Ok(());
+            }
+            self.step(until_ms).await;
+        }
+    }
+
+    /// Wait for the next thing to happen (an inbound request, an operation's end, the core's
+    /// timer, a parked fetch to give up, or `limit_ms`) and handle it.
+    async fn step(&mut self, limit_ms: u64) {
+        let mut wake = limit_ms;
+        if let Some(t) = self.core.poll_timeout() {
+            wake = wake.min(t.0);
+        }
+        if let Some(t) = self.parked.values().map(|(_, at)| *at).min() {
+            wake = wake.min(t);
+        }
+        let sleep = tokio::time::sleep(Duration::from_millis(wake.saturating_sub(now_ms())));
+        tokio::select! {
+            Some(inbound) = self.inbox.recv() => self.on_inbound(inbound),
+            Some(event) = self.ops.next(), if !self.ops.is_empty() => self.on_event(event),
+            () = sleep => {
+                let now = now_ms();
+                self.core.handle_timeout(Millis(now));
+                let expired: Vec<_> = self
+                    .parked
+                    .iter()
+                    .filter(|(_, (_, at))| *at <= now)
+                    .map(|(k, _)| *k)
+                    .collect();
+                for key in expired {
+                    if let Some((reply, _)) = self.parked.remove(&key) {
+                        reply.not_ready();
+                    }
+                }
+            }
+        }
+    }
+
+    fn rank(&self, peer: &PeerId) -> u64 {
+        rank(peer, self.core.rank_window())
+    }
+
+    /// Carry out every output the core has.
+    fn drain(&mut self, engine: &mut Engine) -> Result<(), HubError> {
+        while let Some(output) = self.core.poll_output() {
+            self.carry(engine, output)?;
+        }
+        Ok(())
+    }
+
+    fn carry(
+        &mut self,
+        engine: &mut Engine,
+        output: Output<PeerId, Handle>,
+    ) -> Result<(), HubError> {
+        match output {
+            Output::Search { round, announce } => {
+                let routing = self.routing.clone();
+                let Some((header, margins)) = self.own_header.clone() else {
+                    self.core.handle(
+                        Millis(now_ms()),
+                        Input::SearchDone {
+                            round,
+                            headers: Vec::new(),
+                        },
+                    );
+                    return Ok(());
+                };
+                let mut query = PartnerQuery::new(header.clone(), margins, self.spec.clone());
+                query.top_m = Some(0);
+                let not_before = self.search_after;
+                self.ops.push(Box::pin(async move {
+                    if announce && let Err(e) = routing.announce(header).await {
+                        tracing::warn!(round, error = %e, "announce failed");
+                    }
+                    let wait = not_before.saturating_sub(now_ms());
+                    tokio::time::sleep(Duration::from_millis(wait)).await;
+                    let found = match routing.find_partners(query).await {
+                        Ok(p) => p
+                            .candidates
+                            .iter()
+                            .map(|c| (c.header.header().sender, c.cosine))
+                            .collect(),
+                        Err(e) => {
+                            tracing::warn!(round, error = %e, "search failed");
+                            Vec::new()
+                        }
+                    };
+                    Event::Search { round, found }
+                }));
+            }
+            Output::FetchModel { ticket, hub } => {
+                let routing = self.routing.clone();
+                let spec = self.spec.clone();
+                self.ops.push(Box::pin(async move {
+                    let model = match routing.fetch_snapshot(hub, spec.clone(), 0).await {
+                        Ok(snapshot) => match decode(&snapshot.body, &spec) {
+                            Ok(cumulative) => Some(Some(cumulative)),
+                            Err(e) => {
+                                tracing::debug!(%hub, error = %e, "hub model not usable");
+                                None
+                            }
+                        },
+                        // Nothing to serve yet (a hub's first round): join with its merge.
+                        Err(SnapshotError::NotFound) => Some(None),
+                        Err(e) => {
+                            tracing::debug!(%hub, error = %e, "hub model not fetched");
+                            None
+                        }
+                    };
+                    Event::Model { ticket, model }
+                }));
+            }
+            Output::CheckModel { ticket, hub, model } => {
+                let verdict = self.check_model(engine, model)?;
+                tracing::debug!(%hub, ?verdict, "hub model checked");
+                self.core
+                    .handle(Millis(now_ms()), Input::ModelChecked { ticket, verdict });
+            }
+            Output::Push {
+                to,
+                round,
+                packet,
+                known,
+            } => {
+                let Some(Blob::Own { header, body, .. }) = self.blobs.get(&packet) else {
+                    return Ok(());
+                };
+                let bytes = header.len() + body.len();
+                let call = ExchangeCall::Push {
+                    round,
+                    header: header.clone(),
+                    body: body.clone(),
+                    known: known.into_iter().map(|(p, _)| p).collect(),
+                };
+                let routing = self.routing.clone();
+                self.ops.push(Box::pin(async move {
+                    let answer = routing.exchange_call(to, call).await;
+                    Event::Answer {
+                        from: to,
+                        round,
+                        answer,
+                        bytes,
+                    }
+                }));
+            }
+            Output::Answer { to, round, answer } => {
+                let answer = match answer {
+                    Answer::Accepted => HubAnswer::Accepted,
+                    Answer::NotHub { hub, .. } => HubAnswer::NotHub(hub),
+                    Answer::Busy => HubAnswer::Busy,
+                    Answer::Late => HubAnswer::Late,
+                    Answer::Refused { foreign } => HubAnswer::Refused { foreign },
+                };
+                if let Some(reply) = self.pushes.remove(&(to, round)) {
+                    reply.answer(&answer);
+                } else if let Some((reply, _)) = self.parked.remove(&(to, round)) {
+                    // The push was answered already: a later answer goes to its merge fetch.
+                    reply.answer(&answer);
+                } else {
+                    self.later.insert((to, round), answer);
+                }
+            }
+            Output::Merge {
+                ticket,
+                round,
+                own,
+                members,
+            } => {
+                let merge = self.hub_merge(engine, round, own, &members)?;
+                let merge = merge.map(|m| self.put(m));
+                self.core
+                    .handle(Millis(now_ms()), Input::MergeComputed { ticket, merge });
+            }
+            Output::CheckMerge {
+                ticket,
+                hub,
+                merge,
+                own,
+                by_data,
+            } => {
+                let verdict = self.check_merge(engine, &hub, merge, own, by_data)?;
+                if verdict != MergeVerdict::Pass {
+                    self.stats.refused += 1;
+                }
+                self.core
+                    .handle(Millis(now_ms()), Input::MergeChecked { ticket, verdict });
+            }
+            Output::ServeMerge {
+                to,
+                round,
+                merge,
+                listed,
+            } => {
+                let Some(Blob::Merge {
+                    sealed: Some((header, body)),
+                    contributors,
+                    ..
+                }) = self.blobs.get(&merge)
+                else {
+                    return Ok(());
+                };
+                self.stats.merged = contributors.len();
+                self.stats.served = to.len();
+                self.stats.partners = contributors.clone();
+                let served = Served {
+                    header: header.clone(),
+                    body: body.clone(),
+                    listed: listed.into_iter().map(|(p, _)| p).collect(),
+                    to: to.into_iter().collect(),
+                };
+                let waiting: Vec<_> = self
+                    .parked
+                    .keys()
+                    .filter(|(p, r)| *r == round && served.to.contains_key(p))
+                    .copied()
+                    .collect();
+                self.served.insert(round, served);
+                for key in waiting {
+                    if let Some((reply, _)) = self.parked.remove(&key) {
+                        self.serve(key.0, key.1, reply);
+                    }
+                }
+            }
+            Output::FetchMerge { hub, round } => self.poll_merge(hub, round),
+            Output::Ban { peer } => {
+                self.stats.bans += 1;
+                tracing::warn!(%peer, "exchange: peer banned (its merges or model failed twice)");
+                let routing = self.routing.clone();
+                self.ops.push(Box::pin(async move {
+                    routing.report_invalid(peer, "exchange_ban").await;
+                    Event::Search {
+                        round: u64::MAX,
+                        found: Vec::new(),
+                    }
+                }));
+            }
+            Output::Finished(report) => {
+                // A merge fetch still parked for this round gets nothing more from this node.
+                let round = report.round;
+                let done: Vec<_> = self
+                    .parked
+                    .keys()
+                    .filter(|(_, r)| *r <= round)
+                    .copied()
+                    .collect();
+                for key in done {
+                    if let Some((reply, _)) = self.parked.remove(&key) {
+                        reply.not_ready();
+                    }
+                }
+                self.finished = Some(report);
+            }
+        }
+        Ok(())
+    }
+
+    fn on_inbound(&mut self, inbound: InboundExchange) {
+        let InboundExchange { peer, call, reply } = inbound;
+        let now = Millis(now_ms());
+        match call {
+            InboundCall::Push {
+                round,
+                header,
+                body,
+                known,
+            } => {
+                let packet = match OutcomePacket::decode(&header, &body, &self.spec) {
+                    Ok(p) => p,
+                    Err(e) => return self.invalid(peer, e.reason()),
+                };
+                let h = packet.header.header();
+                if h.sender != peer {
+                    return self.invalid(peer, "foreign_sender");
+                }
+                if h.round != round {
+                    return self.invalid(peer, "round_mismatch");
+                }
+                let Ok(update) = decode(&packet.body, &self.spec) else {
+                    return self.invalid(peer, "undecodable_update");
+                };
+                self.stats.pushes_received += 1;
+                let cosine = self
+                    .own_header
+                    .as_ref()
+                    .map_or(0.0, |(own, _)| own.header().embedding.cosine(&h.embedding));
+                let samples = h.samples;
+                let handle = self.put(Blob::Pushed { update, samples });
+                if let Some(old) = self.pushes.insert((peer, round), reply) {
+                    old.answer(&HubAnswer::Busy);
+                }
+                let known = known.into_iter().map(|p| (p, self.rank(&p))).collect();
+                let rank = self.rank(&peer);
+                self.core.handle(
+                    now,
+                    Input::PushReceived {
+                        from: peer,
+                        rank,
+                        round,
+                        packet: handle,
+                        cosine,
+                        known,
+                    },
+                );
+            }
+            InboundCall::GetMerge { round } => {
+                if self
+                    .served
+                    .get(&round)
+                    .is_some_and(|s| s.to.contains_key(&peer))
+                {
+                    return self.serve(peer, round, reply);
+                }
+                if let Some(answer) = self.later.remove(&(peer, round)) {
+                    return reply.answer(&answer);
+                }
+                let give_up = now.0 + PARK_MS;
+                if let Some((old, _)) = self.parked.insert((peer, round), (reply, give_up)) {
+                    old.not_ready();
+                }
+                self.core
+                    .handle(now, Input::MergeAsked { from: peer, round });
+            }
+        }
+    }
+
+    fn invalid(&mut self, peer: PeerId, reason: &'static str) {
+        tracing::debug!(%peer, reason, "invalid push");
+        let routing = self.routing.clone();
+        self.ops.push(Box::pin(async move {
+            routing.report_invalid(peer, reason).await;
+            Event::Search {
+                round: u64::MAX,
+                found: Vec::new(),
+            }
+        }));
+    }
+
+    fn serve(&mut self, peer: PeerId, round: u64, reply: kindred_routing::ExchangeResponder) {
+        let Some(s) = self.served.get_mut(&round) else {
+            return reply.not_ready();
+        };
+        let listed = match s.to.get_mut(&peer) {
+            Some(listed) => std::mem::replace(listed, false),
+            None => return reply.not_ready(),
+        };
+        self.stats.merge_bytes += (s.header.len() + s.body.len()) as u64;
+        let names: &[PeerId] = if listed { &s.listed } else { &[] };
+        reply.merge(s.header.clone(), s.body.clone(), names);
+    }
+
+    fn poll_merge(&mut self, hub: PeerId, round: u64) {
+        if !self.polling.insert((hub, round)) {
+            return;
+        }
+        let routing = self.routing.clone();
+        let call = ExchangeCall::GetMerge {
+            round,
+            spec: self.spec.clone(),
+        };
+        self.ops.push(Box::pin(async move {
+            let reply = routing.exchange_call(hub, call).await;
+            Event::Merge {
+                from: hub,
+                round,
+                reply,
+            }
+        }));
+    }
+
+    fn on_event(&mut self, event: Event) {
+        let now = Millis(now_ms());
+        match event {
+            Event::Search { round, found } => {
+                if round == u64::MAX {
+                    return;
+                }
+                let headers = found
+                    .into_iter()
+                    .filter(|(p, _)| *p != self.own)
+                    .map(|(peer, cosine)| {
+                        let rank = self.rank(&peer);
+                        SeenHeader {
+                            peer,
+                            rank,
+                            cosine,
+                            hub: peer,
+                            hub_rank: rank,
+                        }
+                    })
+                    .collect();
+                self.core.handle(now, Input::SearchDone { round, headers });
+            }
+            Event::Model { ticket, model } => {
+                let model = model.map(|m| self.put(Blob::Model(m)));
+                self.core
+                    .handle(now, Input::ModelReceived { ticket, model });
+            }
+            Event::Answer {
+                from,
+                round,
+                answer,
+                bytes,
+            } => {
+                let answer = match answer {
+                    Ok(ExchangeReply::Answer(a)) => a,
+                    Ok(_) => return,
+                    Err(e) => {
+                        tracing::debug!(%from, round, error = %e, "push not answered");
+                        return;
+                    }
+                };
+                self.stats.push_bytes += bytes as u64;
+                let answer = self.core_answer(answer);
+                let accepted = answer == Answer::Accepted;
+                self.core.handle(
+                    now,
+                    Input::AnswerReceived {
+                        from,
+                        round,
+                        answer,
+                    },
+                );
+                if accepted {
+                    self.poll_merge(from, round);
+                }
+            }
+            Event::Merge { from, round, reply } => {
+                self.polling.remove(&(from, round));
+                let (merge, bytes, listed) = match reply {
+                    Ok(ExchangeReply::Merge {
+                        merge,
+                        bytes,
+                        listed,
+                    }) => (merge, bytes, listed),
+                    Ok(ExchangeReply::Answer(answer)) => {
+                        let answer = self.core_answer(answer);
+                        self.core.handle(
+                            now,
+                            Input::AnswerReceived {
+                                from,
+                                round,
+                                answer,
+                            },
+                        );
+                        return;
+                    }
+                    Ok(ExchangeReply::NotReady) => return,
+                    Err(e) => {
+                        tracing::debug!(%from, round, error = %e, "merge not fetched");
+                        return;
+                    }
+                };
+                let Ok(update) = decode(&merge.body, &self.spec) else {
+                    return self.invalid(from, "undecodable_update");
+                };
+                self.stats.merge_bytes += bytes as u64;
+                let cosine = self
+                    .own_embedding()
+                    .map_or(0.0, |e| e.cosine(&merge.header.header().embedding));
+                let handle = self.put(Blob::Merge {
+                    update,
+                    raw: None,
+                    sealed: None,
+                    contributors: Vec::new(),
+                });
+                let listed = listed.into_iter().map(|p| (p, self.rank(&p))).collect();
+                self.core.handle(
+                    now,
+                    Input::MergeReceived {
+                        from,
+                        round,
+                        merge: handle,
+                        cosine,
+                        listed,
+                    },
+                );
+            }
+        }
+    }
+
+    /// A hub's answer as the core takes it, a redirect's hub ranked here.
+    fn core_answer(&self, answer: HubAnswer) -> Answer<PeerId> {
+        match answer {
+            HubAnswer::Accepted => Answer::Accepted,
+            HubAnswer::NotHub(hub) => Answer::NotHub {
+                hub,
+                rank: self.rank(&hub),
+            },
+            HubAnswer::Busy => Answer::Busy,
+            HubAnswer::Late => Answer::Late,
+            HubAnswer::Refused { foreign } => Answer::Refused { foreign },
+        }
+    }
+
+    fn own_embedding(&self) -> Option<&Embedding> {
+        let (_, h) = self.current?;
+        match self.blobs.get(&h) {
+            Some(Blob::Own { embedding, .. }) => Some(embedding),
+            _ => None,
+        }
+    }
+
+    /// A hub's merge of its own sent update and its members', distilled with its own error
+    /// feedback and sealed under the merge domain; `None` when it cannot be made.
+    fn hub_merge(
+        &mut self,
+        engine: &Engine,
+        round: u64,
+        own: Handle,
+        members: &[(PeerId, Handle)],
+    ) -> Result<Option<Blob>, HubError> {
+        let Some(Blob::Own {
+            sent,
+            samples,
+            loss,
+            embedding,
+            ..
+        }) = self.blobs.get(&own)
+        else {
+            return Ok(None);
+        };
+        let mut peers = Vec::with_capacity(members.len());
+        let mut refs = Vec::with_capacity(members.len());
+        for (p, h) in members {
+            if let Some(Blob::Pushed { update, samples }) = self.blobs.get(h) {
+                peers.push(*p);
+                refs.push(UpdateRef {
+                    update,
+                    samples: *samples,
+                });
+            }
+        }
+        let synth = kindred_distill::SynthConfig::for_hub(refs.len());
+        let synthesis = match synthesize(
+            UpdateRef {
+                update: sent,
+                samples: *samples,
+            },
+            &refs,
+            &synth,
+        ) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(round, error = %e, "hub cannot merge");
+                return Ok(None);
+            }
+        };
+        let contributors: Vec<PeerId> = synthesis
+            .accepted_by_agreement()
+            .into_iter()
+            .filter_map(|k| peers.get(k).copied())
+            .collect();
+        for (p, v) in peers.iter().zip(&synthesis.verdicts) {
+            if let kindred_distill::Verdict::Rejected(r) = v {
+                tracing::debug!(round, member = %p, reason = r.reason(), "hub leaves a push out");
+            }
+        }
+        let distilled = match self.distiller.distill(&synthesis.merged) {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::warn!(round, error = %e, "hub cannot distill its merge");
+                return Ok(None);
+            }
+        };
+        let total: u64 = std::iter::once(*samples)
+            .chain(refs.iter().map(|r| r.samples))
+            .fold(0u64, u64::saturating_add)
+            .min(kindred_proto::MAX_SAMPLES);
+        let fields = HeaderFields {
+            round,
+            unix_ms: now_ms(),
+            samples: total,
+            loss: *loss,
+            embedding: embedding.clone(),
+        };
+        let raw = synthesis.merged;
+        let sealed = match seal_merge(engine.keypair(), &self.spec, fields, &distilled.body) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(round, error = %e, "hub cannot seal its merge");
+                return Ok(None);
+            }
+        };
+        let update =
+            decode(&distilled.body, &self.spec).map_err(|e| EngineError::Distill(e.to_string()))?;
+        Ok(Some(Blob::Merge {
+            update,
+            raw: Some(raw),
+            sealed: Some((sealed.header_bytes, sealed.body_bytes)),
+            contributors,
+        }))
+    }
+
+    /// A joining member's data on its hub's model: refused if it keeps too little of the
+    /// node's own gain on its shard, adopted if it is near the node's model
+    /// (`check_adoption`), kept at a distance otherwise (or with nothing to fetch, or no data
+    /// here: an external trainer).
+    fn check_model(&self, engine: &mut Engine, model: Handle) -> Result<ModelVerdict, HubError> {
+        let Some(Blob::Model(Some(cumulative))) = self.blobs.get(&model) else {
+            return Ok(ModelVerdict::Keep);
+        };
+        let offered: Vec<f32> = engine
+            .origin()
+            .iter()
+            .zip(cumulative)
+            .map(|(o, c)| o + c)
+            .collect();
+        let own = engine.base().to_vec();
+        if let Some(share) = data_refuses(engine, &own, &offered)? {
+            tracing::debug!(share, "the node's data refuses the hub's model");
+            return Ok(ModelVerdict::Refuse);
+        }
+        if let Err(e) = check_adoption(&own, &offered, engine.origin(), ADOPT_MAX_RATIO) {
+            tracing::debug!(error = %e, "hub model kept at a distance");
+            return Ok(ModelVerdict::Keep);
+        }
+        Ok(ModelVerdict::Adopt)
+    }
+
+    /// A merge's checks: a hub's own merge (before distillation) on its data; a member's hub's
+    /// merge against its own sent update (direction and norm) and, if `by_data`, on its data.
+    fn check_merge(
+        &self,
+        engine: &mut Engine,
+        hub: &PeerId,
+        merge: Handle,
+        own: Handle,
+        by_data: bool,
+    ) -> Result<MergeVerdict, HubError> {
+        let (Some(Blob::Merge { update, raw, .. }), Some(Blob::Own { sent, .. })) =
+            (self.blobs.get(&merge), self.blobs.get(&own))
+        else {
+            return Ok(MergeVerdict::Aggregate);
+        };
+        let base = engine.base().to_vec();
+        let moved = |u: &[f32]| -> Vec<f32> { base.iter().zip(u).map(|(b, u)| b + u).collect() };
+        if *hub == self.own {
+            let raw = raw.as_deref().unwrap_or(update);
+            return Ok(match data_refuses(engine, &moved(sent), &moved(raw))? {
+                Some(share) => {
+                    tracing::debug!(share, "the hub's data refuses its merge");
+                    MergeVerdict::Data
+                }
+                None => MergeVerdict::Pass,
+            });
+        }
+        if let Err(e) = check_aggregate(sent, update, &self.check) {
+            tracing::info!(%hub, error = %e, "merge refused");
+            return Ok(MergeVerdict::Aggregate);
+        }
+        if by_data && let Some(share) = data_refuses(engine, &moved(sent), &moved(update))? {
+            tracing::info!(%hub, share, "merge refused by the node's data");
+            return Ok(MergeVerdict::Data);
+        }
+        Ok(MergeVerdict::Pass)
+    }
+
+    /// Apply what the round ended with; returns the change to the node's model.
+    fn finish(
+        &mut self,
+        engine: &mut Engine,
+        report: &RoundReport<PeerId, Handle>,
+    ) -> Result<Vec<f32>, HubError> {
+        self.stats.role = match report.role {
+            Role::Local => "local",
+            Role::Hub => "hub",
+            Role::Member => "member",
+        }
+        .into();
+        self.stats.hub = report.hub.to_string();
+        self.stats.missed = report.missed;
+        let model = |h: &Handle| match self.blobs.get(h) {
+            Some(Blob::Model(Some(m))) => Some(m.as_slice()),
+            _ => None,
+        };
+        let update = |h: &Handle| match self.blobs.get(h) {
+            Some(Blob::Merge { update, .. }) => Some(update.as_slice()),
+            Some(Blob::Own { sent, .. }) => Some(sent.as_slice()),
+            _ => None,
+        };
+        let (applied, delta) = match &report.apply {
+            Apply::Own(p) => ("own", engine.apply(None, update(p))?),
+            Apply::Merge { merge, adopt } => {
+                let adopt = adopt.as_ref().and_then(model);
+                let label = if adopt.is_some() {
+                    "adopt+merge"
+                } else {
+                    "merge"
+                };
+                if report.role == Role::Member {
+                    self.stats.partners = vec![report.hub];
+                }
+                (label, engine.apply(adopt, update(merge))?)
+            }
+            Apply::Adopt(m) => ("adopt", engine.apply(model(m), None)?),
+            Apply::Nothing => ("nothing", engine.apply(None, None)?),
+        };
+        self.stats.applied = applied.into();
+        Ok(delta)
+    }
+}
+
+/// The exchange core and the hub distiller as the store left them, if it holds them.
+fn restore(
+    engine: &Engine,
+    config: &ExchangeConfig,
+    distiller: &mut Distiller,
+) -> Result<Option<Exchange<PeerId, Handle>>, HubError> {
+    let Some((bytes, blob)) = engine.store().exchange()? else {
+        return Ok(None);
+    };
+    let record: Record =
+        postcard::from_bytes(&bytes).map_err(|e| HubError::State(format!("record: {e}")))?;
+    if record.version != RECORD_VERSION {
+        return Err(HubError::State(format!(
+            "record version {}, this build reads {RECORD_VERSION}",
+            record.version
+        )));
+    }
+    if let Some(id) = blob {
+        let state = DistillerState::from_bytes(&engine.store().get_blob(&id)?, engine.spec())
+            .map_err(|e| HubError::State(format!("hub distiller: {e}")))?;
+        distiller
+            .restore(state)
+            .map_err(|e| HubError::State(format!("hub distiller: {e}")))?;
+    }
+    Exchange::restore(config.clone(), record.snapshot)
+        .map(Some)
+        .map_err(|e| HubError::State(e.to_string()))
+}
+
+/// A peer's rank in rank window `window`.
+fn rank(peer: &PeerId, window: u64) -> u64 {
+    hub_rank_at(&peer.to_bytes(), window)
+}
+
+/// The exchange's parameters for rounds of `round_ms`: the core's defaults, with a push's
+/// answer awaited at most a sixth of the round (5 s in rounds of 30 s or more).
+pub fn exchange_config(round_ms: u64) -> ExchangeConfig {
+    let mut config = ExchangeConfig::default();
+    config.timing.answer_ms = config.timing.answer_ms.min(round_ms / 6).max(100);
+    // A search waits for the round's announcements ([`SEARCH_AFTER`]) before it looks up.
+    config.timing.search_permille = SEARCH_PERMILLE;
+    config
+}
+
+/// A search's lookup starts no earlier than this share of the round: every node announces
+/// right after its training, at about the same time, and a lookup made before the others'
+/// announcements have landed finds nobody (the simulator's routing model takes a round's
+/// announcements before its lookups). A node announcing later than this is found in a later
+/// search, or through a view.
+pub const SEARCH_AFTER: f64 = 0.15;
+/// When the core stops waiting for a search, in thousandths of the round (the core's default
+/// is 250): the lookup starts at [`SEARCH_AFTER`].
+const SEARCH_PERMILLE: u16 = 400;
+
+/// Whether the node's data refuses `offered` parameters in place of `own`: `Some(share)` when,
+/// on its training shard, `offered` keeps less than [`MIN_GAIN_SHARE`] of what `own` gained
+/// over the common initial model (`check_by_data`); `None` when it accepts, or when there is
+/// no data here (an external trainer).
+fn data_refuses(
+    engine: &mut Engine,
+    own: &[f32],
+    offered: &[f32],
+) -> Result<Option<f32>, HubError> {
+    let origin = engine.origin().to_vec();
+    let (Some(origin), Some(own), Some(offered)) = (
+        engine.shard_accuracy(&origin)?,
+        engine.shard_accuracy(own)?,
+        engine.shard_accuracy(offered)?,
+    ) else {
+        return Ok(None);
+    };
+    let scores = ShardScores {
+        origin,
+        own,
+        offered,
+    };
+    Ok(match check_by_data(scores, MIN_GAIN_SHARE) {
+        Ok(_) => None,
+        Err(AggregateRejection::Data(share)) => Some(share),
+        Err(_) => Some(f32::NAN),
+    })
+}

@@ -1,0 +1,476 @@
+//! The hub exchange on the wire: a member's push and merge fetch, and a hub's answers.
+//!
+//! The exchange's rules live in [`crate::exchange`]; this module only moves its messages
+//! between nodes over the `/kindred/rpc` protocol and checks what it can without the node's
+//! model:
+//! - **Outbound** ([`RoutingCore::exchange_call`]): a push ([`ExchangeCall::Push`]) is answered
+//!   at once ([`ExchangeReply::Answer`]); a merge fetch ([`ExchangeCall::GetMerge`]) by the
+//!   hub's merge, verified here like a snapshot (signed under the merge domain by the hub
+//!   asked, of the local model, of the round asked: [`kindred_proto::seal_merge`]), by
+//!   [`ExchangeReply::NotReady`], or by the hub's later answer to the push
+//!   ([`ExchangeReply::Answer`]: a push is answered at once, accepted or not, but a hub may
+//!   still refuse the pusher when it closes its admission, and says so here). A reply that breaks the protocol (another kind, a forged or
+//!   foreign merge, a peer list that does not parse) costs the peer score like a bad packet.
+//! - **Inbound** ([`RoutingCore::exchange_request`]): a push or a merge fetch from a peer that
+//!   is not banned goes to the node ([`InboundExchange`], through
+//!   [`crate::RoutingHandle::serve_exchange`]), which answers through its
+//!   [`ExchangeResponder`] when its exchange core decides: a push at once, a merge fetch when
+//!   the merge is ready or the node gives up. The node verifies a pushed packet against its
+//!   model and reports one that fails ([`crate::RoutingHandle::report_invalid`]). A node that
+//!   does not serve the exchange refuses both.
+//!
+//! Sans-IO like the rest of the core: an outbound call is an [`Output::SendRequest`] and ends
+//! in one [`Output::ExchangeDone`].
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use kindred_proto::rpc::{PushAnswer, RequestId, RpcErrorCode, RpcKind, RpcRequest, RpcResponse};
+use kindred_proto::{ModelSpec, OutcomePacket};
+use libp2p::PeerId;
+use tokio::sync::oneshot;
+
+use crate::core::{Output, RequestFailure, RoutingCore};
+use crate::scoring::Severity;
+use crate::serve::BAD_REQUEST;
+
+/// Identifies one outbound exchange call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ExchangeCallId(pub u64);
+
+/// What a node asks of a peer in the hub exchange.
+#[derive(Debug, Clone)]
+pub enum ExchangeCall {
+    /// Push the node's packet of `round` to its hub, with the peers of its view.
+    Push {
+        /// The round.
+        round: u64,
+        /// The sealed packet header.
+        header: Vec<u8>,
+        /// The packet body.
+        body: Vec<u8>,
+        /// The peers of its view (at most [`kindred_proto::rpc::MAX_KNOWN_PEERS`]).
+        known: Vec<PeerId>,
+    },
+    /// Ask the hub for its merge of `round`, to be verified against `spec`.
+    GetMerge {
+        /// The round.
+        round: u64,
+        /// The local model.
+        spec: Arc<ModelSpec>,
+    },
+}
+
+/// A hub's answer to a push, peers parsed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HubAnswer {
+    /// Queued for the round's admission.
+    Accepted,
+    /// Not the hub: `0` is the one it names.
+    NotHub(PeerId),
+    /// Full, or not taking part this round.
+    Busy,
+    /// After the hub closed its admission.
+    Late,
+    /// Not admitted; with `foreign`, the hub's data refused the merge.
+    Refused {
+        /// The hub's data refused its merge.
+        foreign: bool,
+    },
+}
+
+/// What an exchange call brought back.
+#[derive(Debug, Clone)]
+pub enum ExchangeReply {
+    /// The answer to a push.
+    Answer(HubAnswer),
+    /// The merge asked for, verified, and the hub's view as listed with it.
+    Merge {
+        /// The merge (header signed by the hub under the merge domain, body decoded).
+        merge: Box<OutcomePacket>,
+        /// Its encoded size (header and body), for the node's byte counts.
+        bytes: usize,
+        /// The peers the hub listed.
+        listed: Vec<PeerId>,
+    },
+    /// The hub has no merge of that round for this node (not yet, or none).
+    NotReady,
+}
+
+/// Why an exchange call brought nothing back.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ExchangeError {
+    /// The peer refused (it bans this node, or does not serve the exchange), or this node
+    /// bans the peer.
+    #[error("the request was refused")]
+    Refused,
+    /// No usable answer, for a reason that is not the peer's fault as far as this node can
+    /// tell (timeout, closed connection...).
+    #[error("the request failed: {0}")]
+    Failed(&'static str),
+    /// The peer answered against the protocol: the label names why, and the peer was
+    /// penalised.
+    #[error("the peer answered invalidly: {0}")]
+    Invalid(&'static str),
+    /// The routing driver has stopped.
+    #[error("the routing driver has stopped")]
+    Stopped,
+}
+
+/// A peer's exchange request, for the node to answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InboundCall {
+    /// A member's push: its packet (not yet verified: the node checks it against its model)
+    /// and the peers of its view.
+    Push {
+        /// The round it pushes for.
+        round: u64,
+        /// The packet header as received.
+        header: Vec<u8>,
+        /// The packet body as received.
+        body: Vec<u8>,
+        /// The peers of its view.
+        known: Vec<PeerId>,
+    },
+    /// A member asks for the merge of `round`.
+    GetMerge {
+        /// The round.
+        round: u64,
+    },
+}
+
+/// An exchange request from `peer` and the way to answer it.
+#[derive(Debug)]
+pub struct InboundExchange {
+    /// The requesting peer.
+    pub peer: PeerId,
+    /// What it asks.
+    pub call: InboundCall,
+    /// Answers it (dropped unanswered: the peer's request fails).
+    pub reply: ExchangeResponder,
+}
+
+/// Answers one inbound exchange request; each answer consumes it.
+#[derive(Debug)]
+pub struct ExchangeResponder {
+    id: RequestId,
+    tx: oneshot::Sender<RpcResponse>,
+}
+
+impl ExchangeResponder {
+    pub(crate) fn new(id: RequestId, tx: oneshot::Sender<RpcResponse>) -> Self {
+        Self { id, tx }
+    }
+
+    /// Answer a push.
+    pub fn answer(self, answer: &HubAnswer) {
+        let answer = match answer {
+            HubAnswer::Accepted => PushAnswer::Accepted,
+            HubAnswer::NotHub(hub) => PushAnswer::NotHub {
+                hub: hub.to_bytes(),
+            },
+            HubAnswer::Busy => PushAnswer::Busy,
+            HubAnswer::Late => PushAnswer::Late,
+            HubAnswer::Refused { foreign } => PushAnswer::Refused { foreign: *foreign },
+        };
+        let id = self.id;
+        self.send(RpcResponse::PushAnswer { id, answer });
+    }
+
+    /// Serve a merge (sealed with [`kindred_proto::seal_merge`]) and the listed peers.
+    pub fn merge(self, header: Vec<u8>, body: Vec<u8>, listed: &[PeerId]) {
+        let id = self.id;
+        let listed = listed.iter().map(|p| p.to_bytes()).collect();
+        self.send(RpcResponse::Merge {
+            id,
+            header,
+            body,
+            listed,
+        });
+    }
+
+    /// No merge of that round for this peer (not yet, or none).
+    pub fn not_ready(self) {
+        let id = self.id;
+        self.send(RpcResponse::Error {
+            id,
+            code: RpcErrorCode::NotFound,
+        });
+    }
+
+    /// Refuse the request.
+    pub fn refuse(self) {
+        let id = self.id;
+        self.send(RpcResponse::Error {
+            id,
+            code: RpcErrorCode::Refused,
+        });
+    }
+
+    fn send(self, response: RpcResponse) {
+        // The driver went away (shutting down): nobody to answer.
+        let _ = self.tx.send(response);
+    }
+}
+
+/// An outbound exchange call waiting for its response.
+#[derive(Debug, Clone)]
+pub(crate) struct PendingCall {
+    pub(crate) call: ExchangeCallId,
+    pub(crate) peer: PeerId,
+    /// For a merge fetch: the round and the spec to verify against.
+    pub(crate) merge: Option<(u64, Arc<ModelSpec>)>,
+}
+
+/// What [`RoutingCore::exchange_request`] made of an inbound request.
+#[derive(Debug)]
+pub enum Inbound {
+    /// For the node to answer.
+    Call(InboundCall),
+    /// Answer at once with this (a banned peer, a node that does not serve the exchange).
+    Respond(RpcResponse),
+    /// Answer nothing: the request broke the protocol and the peer was penalised.
+    Drop,
+}
+
+fn parse_peers(list: &[Vec<u8>]) -> Option<Vec<PeerId>> {
+    list.iter().map(|b| PeerId::from_bytes(b).ok()).collect()
+}
+
+impl RoutingCore {
+    /// Send `call` to `peer`. Emits an [`Output::SendRequest`] (or, for a banned peer, at once
+    /// an [`Output::ExchangeDone`] with [`ExchangeError::Refused`]); the response goes to
+    /// [`RoutingCore::handle_response`] and ends the call with one [`Output::ExchangeDone`].
+    pub fn exchange_call(
+        &mut self,
+        peer: PeerId,
+        call: ExchangeCall,
+        now: Instant,
+    ) -> ExchangeCallId {
+        let id = ExchangeCallId(self.next_id());
+        if self.scores.is_banned(&peer, now) {
+            self.outputs.push_back(Output::ExchangeDone {
+                call: id,
+                result: Err(ExchangeError::Refused),
+            });
+            return id;
+        }
+        let request_id = RequestId(self.next_id());
+        let (request, merge) = match call {
+            ExchangeCall::Push {
+                round,
+                header,
+                body,
+                known,
+            } => (
+                RpcRequest::Push {
+                    id: request_id,
+                    round,
+                    header,
+                    body,
+                    known: known.iter().map(|p| p.to_bytes()).collect(),
+                },
+                None,
+            ),
+            ExchangeCall::GetMerge { round, spec } => (
+                RpcRequest::GetMerge {
+                    id: request_id,
+                    round,
+                },
+                Some((round, spec)),
+            ),
+        };
+        self.metrics
+            .request_sent(&peer, request.kind(), request.encoded_len());
+        self.exchange_calls.insert(
+            request_id,
+            PendingCall {
+                call: id,
+                peer,
+                merge,
+            },
+        );
+        self.outputs
+            .push_back(Output::SendRequest { peer, request });
+        id
+    }
+
+    /// The response to an [`RoutingCore::exchange_call`] request (called from
+    /// `handle_response`, which has checked that `peer` is the one asked).
+    pub(crate) fn on_exchange_response(
+        &mut self,
+        peer: PeerId,
+        id: RequestId,
+        pending: PendingCall,
+        result: Result<RpcResponse, RequestFailure>,
+        now: Instant,
+    ) {
+        let result = self.check_exchange(peer, id, &pending, result, now);
+        if result.is_ok() {
+            self.scores.reward(&peer, now);
+        }
+        self.outputs.push_back(Output::ExchangeDone {
+            call: pending.call,
+            result,
+        });
+    }
+
+    fn check_exchange(
+        &mut self,
+        peer: PeerId,
+        id: RequestId,
+        pending: &PendingCall,
+        result: Result<RpcResponse, RequestFailure>,
+        now: Instant,
+    ) -> Result<ExchangeReply, ExchangeError> {
+        let kind = if pending.merge.is_some() {
+            RpcKind::Merge
+        } else {
+            RpcKind::Push
+        };
+        let response = match result {
+            Ok(response) => response,
+            Err(RequestFailure::Protocol(reason)) => {
+                self.metrics.request_failed(kind, reason);
+                self.reject(&peer, reason, Some(Severity::Major), now);
+                return Err(ExchangeError::Invalid(reason));
+            }
+            Err(failure) => {
+                self.count_failure(kind, &failure);
+                return Err(ExchangeError::Failed(failure.label()));
+            }
+        };
+        self.metrics
+            .response_received(&peer, kind, response.encoded_len());
+        let invalid = |core: &mut Self, reason: &'static str, severity: Severity| {
+            core.reject(&peer, reason, Some(severity), now);
+            ExchangeError::Invalid(reason)
+        };
+        if response.id() != id {
+            return Err(invalid(self, "id_mismatch", Severity::Major));
+        }
+        match (response, &pending.merge) {
+            (RpcResponse::Error { code, .. }, merge) => match code {
+                RpcErrorCode::Refused => {
+                    self.metrics.request_failed(kind, "refused");
+                    Err(ExchangeError::Refused)
+                }
+                _ if merge.is_some() => Ok(ExchangeReply::NotReady),
+                _ => Err(invalid(self, "unexpected_response", Severity::Major)),
+            },
+            // A push's answer, or, to a merge fetch, the hub's later answer to the push (it
+            // refused the pusher at its admission, or its data refused the merge).
+            (RpcResponse::PushAnswer { answer, .. }, _) => {
+                Ok(ExchangeReply::Answer(match answer {
+                    PushAnswer::Accepted => HubAnswer::Accepted,
+                    PushAnswer::NotHub { hub } => match PeerId::from_bytes(&hub) {
+                        Ok(hub) => HubAnswer::NotHub(hub),
+                        Err(_) => return Err(invalid(self, "bad_peer_id", Severity::Major)),
+                    },
+                    PushAnswer::Busy => HubAnswer::Busy,
+                    PushAnswer::Late => HubAnswer::Late,
+                    PushAnswer::Refused { foreign } => HubAnswer::Refused { foreign },
+                }))
+            }
+            (
+                RpcResponse::Merge {
+                    header,
+                    body,
+                    listed,
+                    ..
+                },
+                Some((round, spec)),
+            ) => {
+                let bytes = header.len() + body.len();
+                let merge = OutcomePacket::decode_merge(&header, &body, spec)
+                    .map_err(|e| invalid(self, e.reason(), crate::lookup::decode_severity(&e)))?;
+                let h = merge.header.header();
+                if h.sender != peer {
+                    // Another hub's merge, validly signed: not this hub's.
+                    return Err(invalid(self, "foreign_sender", Severity::Major));
+                }
+                if h.round != *round {
+                    // A merge of another round: a replay.
+                    return Err(invalid(self, "replayed_merge", Severity::Major));
+                }
+                let Some(listed) = parse_peers(&listed) else {
+                    return Err(invalid(self, "bad_peer_id", Severity::Major));
+                };
+                Ok(ExchangeReply::Merge {
+                    merge: Box::new(merge),
+                    bytes,
+                    listed,
+                })
+            }
+            _ => Err(invalid(self, "unexpected_response", Severity::Major)),
+        }
+    }
+
+    /// Take an inbound `Push` or `GetMerge` from `peer`: for the node to answer when it serves
+    /// the exchange (`serving`), refused otherwise or when the peer is banned; a push whose
+    /// peer list does not parse is a bad request (penalised, answered with nothing).
+    pub fn exchange_request(
+        &mut self,
+        peer: PeerId,
+        request: RpcRequest,
+        serving: bool,
+        now: Instant,
+    ) -> Inbound {
+        let kind = request.kind();
+        self.metrics
+            .request_received(&peer, kind, request.encoded_len());
+        let id = request.id();
+        if !serving || self.scores.is_banned(&peer, now) {
+            let response = RpcResponse::Error {
+                id,
+                code: RpcErrorCode::Refused,
+            };
+            self.metrics
+                .response_sent(&peer, kind, response.encoded_len());
+            return Inbound::Respond(response);
+        }
+        match request {
+            RpcRequest::Push {
+                round,
+                header,
+                body,
+                known,
+                ..
+            } => match parse_peers(&known) {
+                Some(known) => Inbound::Call(InboundCall::Push {
+                    round,
+                    header,
+                    body,
+                    known,
+                }),
+                None => {
+                    self.reject(&peer, BAD_REQUEST, Some(Severity::Major), now);
+                    Inbound::Drop
+                }
+            },
+            RpcRequest::GetMerge { round, .. } => Inbound::Call(InboundCall::GetMerge { round }),
+            // Not an exchange request: the driver sends only pushes and merge fetches here.
+            _ => Inbound::Respond(RpcResponse::Error {
+                id,
+                code: RpcErrorCode::Refused,
+            }),
+        }
+    }
+
+    /// The node answered an exchange request from `peer` with `response`: count it.
+    pub fn exchange_response_sent(&mut self, peer: &PeerId, response: &RpcResponse) {
+        let kind = match response {
+            RpcResponse::PushAnswer { .. } => RpcKind::Push,
+            _ => RpcKind::Merge,
+        };
+        self.metrics
+            .response_sent(peer, kind, response.encoded_len());
+    }
+
+    /// The node found `peer`'s exchange traffic invalid (a pushed packet that does not verify,
+    /// `reason` says why): penalised like a bad packet.
+    pub fn report_invalid(&mut self, peer: PeerId, reason: &'static str, now: Instant) {
+        self.reject(&peer, reason, Some(Severity::Major), now);
+    }
+}
