@@ -102,9 +102,10 @@ pub struct DemoReport {
     /// Mean bytes a node sent per round over all its connections, every protocol (Kademlia,
     /// identify, ping and the RPCs; joining the swarm included).
     pub wire_bytes_per_node_round: f64,
-    /// Mean bytes a node sent over all its connections by the end of its first round: joining
-    /// the swarm (connections, identify, the Kademlia bootstrap), once per node.
-    pub wire_bytes_join_per_node: f64,
+    /// Mean bytes a node sent over all its connections in its warm-up, its first
+    /// [`WARMUP_ROUNDS`] rounds: joining the swarm (connections, identify, the Kademlia
+    /// bootstrap), its local rounds and first searches, and joining a cohort. Once per node.
+    pub wire_bytes_warmup_per_node: f64,
     /// Mean bytes a node sent per round over all its connections after its warm-up (its local
     /// rounds and first searches, [`WARMUP_ROUNDS`]): what a long run costs per round.
     pub wire_bytes_per_node_round_steady: f64,
@@ -132,7 +133,8 @@ pub struct DemoReport {
     pub per_node: Vec<NodeResult>,
 }
 
-/// Rounds of a node's warm-up, left out of [`DemoReport::wire_bytes_per_node_round_steady`]:
+/// Rounds of a node's warm-up ([`DemoReport::wire_bytes_warmup_per_node`]), left out of
+/// [`DemoReport::wire_bytes_per_node_round_steady`]:
 /// the exchange's local rounds and warm-up searches (`ExchangeConfig::local_rounds` and
 /// `warmup_searches`, 2 + 3), or the pairwise exchange's warm-up discovery rounds.
 pub const WARMUP_ROUNDS: usize = 5;
@@ -300,7 +302,7 @@ fn report(
     let (mut snapshot_rounds, mut snapshot_pulls) = (0usize, 0usize);
     let mut bytes = 0f64;
     let mut wire = 0f64;
-    let (mut join, mut steady, mut steady_nodes) = (0f64, 0f64, 0usize);
+    let (mut warmup, mut steady, mut steady_nodes) = (0f64, 0f64, 0usize);
     let mut per_node = Vec::with_capacity(n);
     let (mut hub_changes, mut missed_merges) = (0usize, 0usize);
     for (i, s) in summaries.iter().enumerate() {
@@ -334,10 +336,10 @@ fn report(
         let rounds = s.history.len().max(1) as f64;
         bytes += s.bytes_sent as f64 / rounds;
         wire += s.wire_bytes_sent as f64 / rounds;
-        join += s.history.first().map_or(0.0, |r| r.wire_bytes_sent as f64);
         if let (Some(warm), Some(last)) = (s.history.get(WARMUP_ROUNDS - 1), s.history.last())
             && s.history.len() > WARMUP_ROUNDS
         {
+            warmup += warm.wire_bytes_sent as f64;
             let after = (s.history.len() - WARMUP_ROUNDS) as f64;
             steady += last.wire_bytes_sent.saturating_sub(warm.wire_bytes_sent) as f64 / after;
             steady_nodes += 1;
@@ -381,7 +383,7 @@ fn report(
         acc_local: local.iter().sum::<f64>() / n.max(1) as f64,
         bytes_per_node_round: bytes / n.max(1) as f64,
         wire_bytes_per_node_round: wire / n.max(1) as f64,
-        wire_bytes_join_per_node: join / n.max(1) as f64,
+        wire_bytes_warmup_per_node: warmup / steady_nodes.max(1) as f64,
         wire_bytes_per_node_round_steady: steady / steady_nodes.max(1) as f64,
         bytes_allreduce: 2.0 * (n as f64 - 1.0) / n as f64 * 4.0 * params,
         partner_purity: if partners == 0 {
@@ -443,10 +445,10 @@ pub fn print(r: &DemoReport, json: bool) {
         versus(r.bytes_allreduce, r.wire_bytes_per_node_round)
     );
     println!(
-        "  of which exchange RPCs: {:.0}; joining the swarm: {:.0} once per node; after the warm-up (rounds {}-): {:.0} per round ({})",
+        "  of which exchange RPCs: {:.0}; the warm-up (rounds 1-{}: joining, local rounds, first searches): {:.0} once per node; after it: {:.0} per round ({})",
         r.bytes_per_node_round,
-        r.wire_bytes_join_per_node,
-        WARMUP_ROUNDS + 1,
+        WARMUP_ROUNDS,
+        r.wire_bytes_warmup_per_node,
         r.wire_bytes_per_node_round_steady,
         versus(r.bytes_allreduce, r.wire_bytes_per_node_round_steady)
     );
@@ -475,7 +477,7 @@ pub fn print(r: &DemoReport, json: bool) {
                 "acc_local": r.acc_local,
                 "bytes_per_node_round": r.bytes_per_node_round,
                 "wire_bytes_per_node_round": r.wire_bytes_per_node_round,
-                "wire_bytes_join_per_node": r.wire_bytes_join_per_node,
+                "wire_bytes_warmup_per_node": r.wire_bytes_warmup_per_node,
                 "wire_bytes_per_node_round_steady": r.wire_bytes_per_node_round_steady,
                 "bytes_allreduce": r.bytes_allreduce,
                 "partner_purity": r.partner_purity,
