@@ -335,14 +335,37 @@ fn status(args: StatusArgs) -> anyhow::Result<()> {
         .map_or("-".into(), |(round, p)| {
             format!("{} (round {round}, from {})", p.outcome, p.from)
         });
+    // The hub exchange: role, hub and cohort in the last round, and totals over the history.
+    let exchange = last.and_then(|r| r.exchange.as_ref()).map_or("-".into(), |x| {
+        let missed = s
+            .history
+            .iter()
+            .filter(|r| r.exchange.as_ref().is_some_and(|x| x.missed))
+            .count();
+        let served: usize = s
+            .history
+            .iter()
+            .filter_map(|r| r.exchange.as_ref())
+            .map(|x| x.served)
+            .sum();
+        format!(
+            "{} (hub {}, cohort {}, applied {}; over {} rounds: {missed} missed merges, {served} merges served)",
+            x.role,
+            x.hub,
+            x.cohort,
+            x.applied,
+            s.history.len()
+        )
+    });
     let text = format!(
-        "peer      {}\nround     {}\nconnected {}\nbanned    {}\naccuracy  {}\npartners  {}\nsnapshot  {}\nrejects   {:?}\n",
+        "peer      {}\nround     {}\nconnected {}\nbanned    {}\naccuracy  {}\nexchange  {}\npartners  {}\nsnapshot  {}\nrejects   {:?}\n",
         s.peer_id,
         s.round.map_or("-".into(), |r| r.to_string()),
         s.connected,
         s.banned,
         last.and_then(|r| r.accuracy)
             .map_or("-".into(), |a| format!("{:.2}%", a * 100.0)),
+        exchange,
         last.map_or(0, |r| r.partners.len()),
         snapshot,
         s.rejects,
