@@ -972,6 +972,15 @@ impl HubDriver {
                 tracing::debug!(round, member = %p, reason = r.reason(), "hub leaves a push out");
             }
         }
+        #[cfg(feature = "adversary")]
+        let synthesis = {
+            let mut s = synthesis;
+            let raw = s.merged.clone();
+            adversary::tamper(&mut s.merged);
+            (s, raw)
+        };
+        #[cfg(feature = "adversary")]
+        let (synthesis, clean) = synthesis;
         let distilled = match self.distiller.distill(&synthesis.merged) {
             Ok(d) => d,
             Err(e) => {
@@ -990,6 +999,10 @@ impl HubDriver {
             loss: *loss,
             embedding: embedding.clone(),
         };
+        // What the hub's own data checks: the merge it made (a lying hub checks the honest one).
+        #[cfg(feature = "adversary")]
+        let raw = clean;
+        #[cfg(not(feature = "adversary"))]
         let raw = synthesis.merged;
         let sealed = match seal_merge(engine.keypair(), &self.spec, fields, &distilled.body) {
             Ok(s) => s,
@@ -1144,6 +1157,23 @@ fn restore(
     Exchange::restore(config.clone(), record.snapshot)
         .map(Some)
         .map_err(|e| HubError::State(e.to_string()))
+}
+
+/// A lying hub, for adversarial tests only (feature `adversary`).
+#[cfg(feature = "adversary")]
+mod adversary {
+    /// Corrupt a hub's merge before it is distilled and served, as `KINDRED_ADVERSARY` says:
+    /// `flip` negates it, `scale` multiplies it by 10; anything else leaves it.
+    pub(super) fn tamper(update: &mut [f32]) {
+        let factor = match std::env::var("KINDRED_ADVERSARY").as_deref() {
+            Ok("flip") => -1.0,
+            Ok("scale") => 10.0,
+            _ => return,
+        };
+        for x in update {
+            *x *= factor;
+        }
+    }
 }
 
 /// A peer's rank in rank window `window`.

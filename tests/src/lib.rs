@@ -147,6 +147,14 @@ impl NodeProc {
     /// # Panics
     /// When the process cannot be started or is already running.
     pub fn start(&mut self) {
+        self.start_with_env(&[]);
+    }
+
+    /// [`NodeProc::start`] with extra environment variables.
+    ///
+    /// # Panics
+    /// When the process cannot be started or is already running.
+    pub fn start_with_env(&mut self, env: &[(&str, &str)]) {
         assert!(self.child.is_none(), "node already running");
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -157,6 +165,7 @@ impl NodeProc {
             .args(["run", "--data-dir"])
             .arg(&self.dir)
             .env("RUST_LOG", "info,libp2p=warn")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()

@@ -1,0 +1,140 @@
+//! A hostile node that trains like its cohort, ranks lowest (so it becomes the cohort's hub), and
+//! serves sign-flipped merges (`KINDRED_ADVERSARY=flip`, the node's `adversary` feature): no
+//! honest member ever applies one; a member that receives one refuses it (a strike) and within 2
+//! rounds has left the liar for good or banned it at a second refusal, and goes on merging with
+//! honest hubs.
+#![allow(clippy::unwrap_used, clippy::print_stdout)]
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use kindred_routing::exchange::ExchangeConfig;
+use kindred_routing::hub_rank_at;
+use kindred_tests::{NodeProc, TempDir, node_config, wait_for};
+
+const ROUND_SECS: f64 = 2.0;
+const HONEST: usize = 4;
+
+/// A peer's hub rank in rank window `window`, as every node computes it.
+fn rank(peer: &str, window: u64) -> u64 {
+    let id: libp2p::PeerId = peer.parse().unwrap();
+    hub_rank_at(&id.to_bytes(), window)
+}
+
+#[test]
+fn a_hub_serving_flipped_merges_is_refused_and_left() {
+    let dir = TempDir::new("liar");
+    let mut nodes: Vec<NodeProc> = Vec::new();
+    for i in 0..HONEST {
+        let mut c = node_config("liar-test", 0, i, HONEST + 1, ROUND_SECS);
+        if let Some(first) = nodes.first() {
+            c.bootstrap = vec![first.bootstrap_addr()];
+        }
+        nodes.push(NodeProc::init(dir.path().join(format!("node{i}")), c));
+    }
+    // The liar's identity: re-drawn until it ranks below every honest node in the rank window
+    // the test runs in (an attacker grinding keys, which ranks by window make a per-window
+    // effort). Near a window's end, the test waits for the next one.
+    let rank_window = ExchangeConfig::default().rank_window;
+    let round_ms = (ROUND_SECS * 1000.0) as u64;
+    let now_round = || {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64
+            / round_ms
+    };
+    let left = rank_window - now_round() % rank_window;
+    if left < 30 {
+        std::thread::sleep(Duration::from_millis(left * round_ms + 100));
+    }
+    let window = now_round() / rank_window;
+    let mut config = node_config("liar-test", 0, HONEST, HONEST + 1, ROUND_SECS);
+    config.bootstrap = vec![nodes[0].bootstrap_addr()];
+    let mut liar = None;
+    for attempt in 0..200 {
+        let candidate = NodeProc::init(dir.path().join(format!("liar{attempt}")), config.clone());
+        if nodes
+            .iter()
+            .all(|n| rank(&candidate.peer, window) < rank(&n.peer, window))
+        {
+            liar = Some(candidate);
+            break;
+        }
+    }
+    let mut liar = liar.expect("no identity ranked lowest in 200 draws");
+    for node in &mut nodes {
+        node.start();
+    }
+    liar.start_with_env(&[("KINDRED_ADVERSARY", "flip")]);
+    println!("liar {}", liar.peer);
+
+    // Ten rounds past the honest nodes' local rounds and first searches.
+    for node in &nodes {
+        let ok = wait_for(Duration::from_secs(90), || {
+            node.status().filter(|s| s.history.len() >= 12).map(|_| ())
+        });
+        assert!(ok.is_some(), "node stalled:\n{}", node.log());
+    }
+    assert!(liar.is_running(), "the liar crashed:\n{}", liar.log());
+    let led = liar.status().unwrap().history.iter().any(|r| {
+        r.exchange
+            .as_ref()
+            .is_some_and(|x| x.role == "hub" && x.served > 0)
+    });
+    assert!(led, "the liar never served a merge:\n{}", liar.log());
+
+    for node in &nodes {
+        let s = node.status().unwrap();
+        let rounds: Vec<_> = s
+            .history
+            .iter()
+            .filter_map(|r| Some((r.round, r.exchange.as_ref()?)))
+            .collect();
+        // Never a merge of the liar's applied.
+        for (round, x) in &rounds {
+            assert!(
+                !(x.hub == liar.peer && x.applied.contains("merge")),
+                "round {round}: applied the liar's merge: {x:?}"
+            );
+        }
+        // Its merges refused: the member leaves the liar at once (a strike, and the next rank
+        // from its next round), and bans it at a second refusal.
+        let refused: Vec<u64> = rounds
+            .iter()
+            .filter(|(_, x)| x.hub == liar.peer && x.refused > 0)
+            .map(|(r, _)| *r)
+            .collect();
+        if let Some(&first) = refused.first() {
+            // By the next round it has left the liar, or refused it again and banned it.
+            let next = rounds.iter().find(|(r, _)| *r == first + 1);
+            assert!(
+                next.is_none_or(|(_, x)| x.hub != liar.peer || x.bans > 0),
+                "pushed to the liar again without banning it: {next:?}"
+            );
+            let later: Vec<_> = rounds.iter().filter(|(r, _)| *r > first + 1).collect();
+            assert!(
+                later.iter().all(|(_, x)| x.hub != liar.peer),
+                "back to the liar two rounds after refusing it: {later:?}"
+            );
+            // It goes on merging with honest hubs.
+            let late: Vec<_> = rounds.iter().filter(|(r, _)| *r > first + 2).collect();
+            assert!(
+                late.iter().any(|(_, x)| x.applied.contains("merge")),
+                "merged nothing after leaving the liar: {late:?}"
+            );
+        }
+    }
+    // Some honest member met the liar's merges at all (it was the hub of someone).
+    let refusals: u64 = nodes
+        .iter()
+        .filter_map(NodeProc::status)
+        .flat_map(|s| s.history)
+        .filter_map(|r| r.exchange)
+        .filter(|x| x.hub == liar.peer)
+        .map(|x| x.refused)
+        .sum();
+    assert!(
+        refusals > 0,
+        "no honest node ever refused a merge of the liar"
+    );
+}
