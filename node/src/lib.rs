@@ -4,6 +4,8 @@
 //!   built-in candle models over a flat parameter vector), re-exported; the simulator uses that
 //!   crate directly, without the node's HTTP, storage and networking.
 //! - [`engine`]: one node's model, distiller and store, and the two halves of a round.
+//! - [`exchange`]: the hub exchange's network driver (the default exchange): runs the sans-IO
+//!   core `kindred_routing::exchange` over the routing task's exchange RPCs.
 //! - [`run`]: the tokio driver — routing task, local API, wall-clock round schedule, shutdown.
 //! - [`api`]: the local HTTP API (status, metrics, external trainer).
 //! - [`demo`]: `kindred demo`, a local swarm of real node processes and a results table.

@@ -2,7 +2,12 @@
 //!
 //! Rounds follow the wall clock: round `r` starts at `r × round_secs` since the Unix epoch, so
 //! nodes agree on round numbers (and thus on the DHT keys of a round's window) without a
-//! coordinator, and a restarted node rejoins at the current round. Within a round:
+//! coordinator, and a restarted node rejoins at the current round.
+//!
+//! With the hub exchange (the default, [`crate::exchange`]) a round is: train, distill, seal;
+//! the exchange core runs the round until its deadline (90% of the round), serving peers
+//! between rounds too; apply what it ends with; seal the model snapshot joining members fetch;
+//! checkpoint with the exchange's state. With the pairwise exchange (`--exchange pairwise`):
 //!
 //! | at | step |
 //! |---|---|
