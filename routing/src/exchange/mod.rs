@@ -227,6 +227,25 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
         }
     }
 
+    /// The node whose first round is `round` (by default the first [`Input::RoundStart`] it
+    /// is given): a driver that runs the node's local rounds itself, without the core (the
+    /// simulator), says where they began.
+    ///
+    /// ```
+    /// use kindred_routing::exchange::{Exchange, ExchangeConfig, Input, Millis, Output, Role};
+    ///
+    /// // Local rounds 0 and 1 ran outside the core; round 2 is the first exchange round.
+    /// let mut node: Exchange<&str, u32> =
+    ///     Exchange::new("me", 42, ExchangeConfig::default()).with_first_round(0);
+    /// node.handle(Millis(0), Input::RoundStart { round: 2, deadline: Millis(1_000) });
+    /// node.handle(Millis(10), Input::PacketReady { round: 2, packet: 7 });
+    /// assert!(matches!(node.poll_output(), Some(Output::Search { round: 2, .. })));
+    /// ```
+    pub fn with_first_round(mut self, round: u64) -> Self {
+        self.first_round = Some(round);
+        self
+    }
+
     /// What persists of the node ([`Snapshot`]).
     pub fn snapshot(&self) -> Snapshot<P> {
         Snapshot {

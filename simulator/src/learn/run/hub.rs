@@ -172,7 +172,7 @@ impl Hubs {
         let cores = ranks
             .iter()
             .enumerate()
-            .map(|(i, &rank)| Core::new(i as u32, rank, config.clone()))
+            .map(|(i, &rank)| Core::new(i as u32, rank, config.clone()).with_first_round(0))
             .collect();
         let n = keys.len();
         Self {
