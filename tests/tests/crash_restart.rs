@@ -1,6 +1,6 @@
-//! `kill -9` of two nodes mid-round, then restart: same PeerId, round counter and residuals
-//! restored, store opens cleanly, and they rejoin and keep merging. Then every node stops
-//! cleanly (exit 0) on SIGTERM.
+//! `kill -9` of two nodes mid-round, then restart: same PeerId, round counter, residuals and
+//! exchange state restored, store opens cleanly, and they rejoin and keep merging. Then every
+//! node stops cleanly (exit 0) on SIGTERM.
 #![allow(clippy::unwrap_used, clippy::print_stdout)]
 
 use std::time::Duration;
@@ -62,11 +62,11 @@ fn killed_nodes_restart_with_identity_round_and_residuals() {
             restored.round
         );
         assert!(restored.distiller_round > 0, "distiller state restored");
-        // Replay marks are restored before the API comes up (they were persisted with every
-        // committed round, and a node past round 1 has accepted peers).
+        // The hub exchange's state (its view, its hub, the hub's error feedback) is restored
+        // before the first round: it was persisted with every committed round.
         assert!(
-            nodes[i].log().contains("replay marks restored"),
-            "replay marks restored:\n{}",
+            nodes[i].log().contains("exchange state restored"),
+            "exchange state restored:\n{}",
             nodes[i].log()
         );
         assert!(
