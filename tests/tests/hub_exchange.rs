@@ -56,9 +56,11 @@ fn eight_nodes_form_one_cohort_per_cluster_and_beat_local_training() {
             n.acc_local
         );
     }
-    // Cohorts hold: a node's hub changes rarely, and merges rarely miss their deadline.
+    // Cohorts hold: a node's hub changes rarely, and merges rarely miss their deadline. Ranks
+    // change with each 100-round window (5 minutes of 3-s rounds), so a run that crosses one
+    // moves every cohort to a new hub once: 8 changes on top of the few of forming cohorts.
     assert!(
-        report.hub_changes <= 8,
+        report.hub_changes <= 16,
         "{} hub changes",
         report.hub_changes
     );
