@@ -159,6 +159,12 @@ pub async fn run(
         // The hub exchange's keys: what the simulator's hub exchange searches with.
         routing_config.core.keys = kindred_routing::exchange::ExchangeConfig::keys();
         routing_config.core.lookup.probes = 0;
+        // A push of this model: its body dense in f32 at most, a header, a view of peers.
+        routing_config.transport.max_push_bytes = engine.spec().f32_bytes() as usize
+            + kindred_proto::MAX_HEADER_BYTES
+            + kindred_proto::rpc::MAX_KNOWN_PEERS * (kindred_proto::MAX_PEER_ID_BYTES + 2)
+            + 32 * engine.spec().layers().len()
+            + 64 * 1024;
     }
     raise_open_file_limit(&routing_config);
     let mut following = Follower::new(

@@ -135,7 +135,7 @@ impl Behaviour {
                 .with_agent_version(format!("kindred/{}", env!("CARGO_PKG_VERSION"))),
         );
         let rpc = request_response::Behaviour::with_codec(
-            RpcCodec::default(),
+            RpcCodec::default().with_push_limit(config.transport.max_push_bytes),
             [(RPC_PROTOCOL, request_response::ProtocolSupport::Full)],
             request_response::Config::default()
                 .with_request_timeout(config.transport.request_timeout)

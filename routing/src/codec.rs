@@ -120,13 +120,24 @@ impl From<FrameError> for io::Error {
 #[derive(Debug, Clone)]
 pub struct RpcCodec {
     response_limit: usize,
+    push_limit: usize,
 }
 
 impl Default for RpcCodec {
     fn default() -> Self {
         Self {
             response_limit: MAX_RESPONSE_BYTES,
+            push_limit: MAX_PUSH_REQUEST_BYTES,
         }
+    }
+}
+
+impl RpcCodec {
+    /// A codec that reads pushes of at most `limit` bytes (capped at
+    /// [`MAX_PUSH_REQUEST_BYTES`], and never below [`MAX_REQUEST_BYTES`]).
+    pub fn with_push_limit(mut self, limit: usize) -> Self {
+        self.push_limit = limit.clamp(MAX_REQUEST_BYTES, MAX_PUSH_REQUEST_BYTES);
+        self
     }
 }
 
@@ -141,19 +152,20 @@ async fn read_frame<T: AsyncRead + Unpin + Send>(
     read_body(io, len, Vec::new()).await
 }
 
-/// Reads a request frame: at most [`MAX_REQUEST_BYTES`], or [`MAX_PUSH_REQUEST_BYTES`] for a
-/// frame whose first byte is a push's tag ([`PUSH_TAG`]; the one request that carries a packet
+/// Reads a request frame: at most [`MAX_REQUEST_BYTES`], or `push_limit` (at most
+/// [`MAX_PUSH_REQUEST_BYTES`]) for a frame whose first byte is a push's tag ([`PUSH_TAG`]; the one request that carries a packet
 /// body). The tag is read before anything past it, so no other request can make this node read
 /// more than the ordinary limit.
 async fn read_request_frame<T: AsyncRead + Unpin + Send>(
     io: &mut T,
+    push_limit: usize,
 ) -> Result<Vec<u8>, FrameError> {
     let len = read_len(io).await?;
     if len <= MAX_REQUEST_BYTES {
         return read_body(io, len, Vec::new()).await;
     }
-    if len > MAX_PUSH_REQUEST_BYTES {
-        return Err(too_large(len, MAX_PUSH_REQUEST_BYTES));
+    if len > push_limit {
+        return Err(too_large(len, push_limit));
     }
     let mut tag = [0u8; 1];
     io.read_exact(&mut tag).await.map_err(eof_is_truncated)?;
@@ -225,7 +237,7 @@ impl Codec for RpcCodec {
     where
         T: AsyncRead + Unpin + Send,
     {
-        let bytes = match read_request_frame(io).await {
+        let bytes = match read_request_frame(io, self.push_limit).await {
             Ok(bytes) => bytes,
             Err(FrameError::Codec(e @ CodecError::FrameTooLarge { .. })) => {
                 return Ok(WireRequest::Invalid(e));

@@ -311,6 +311,11 @@ pub struct TransportConfig {
     pub idle_timeout: Duration,
     /// Deadline of one `GetHeaders`/`GetBody` exchange. Default 10 s.
     pub request_timeout: Duration,
+    /// Largest hub-exchange push this node reads (its frame, header, body and peer list), at
+    /// most [`kindred_proto::rpc::MAX_PUSH_REQUEST_BYTES`] (the default). A node that knows its
+    /// model sets it to what a push of that model can be, so a peer cannot make it buffer
+    /// 64 MiB per request stream.
+    pub max_push_bytes: usize,
     /// Addresses to listen on.
     pub listen: Vec<Multiaddr>,
     /// Addresses known to be reachable from other peers (switch Kademlia to server mode).
@@ -328,6 +333,7 @@ impl Default for TransportConfig {
             handshake_timeout: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(60),
             request_timeout: Duration::from_secs(10),
+            max_push_bytes: kindred_proto::rpc::MAX_PUSH_REQUEST_BYTES,
             listen: Vec::new(),
             external: Vec::new(),
             listen_addrs_are_external: false,
