@@ -132,6 +132,8 @@ struct Served {
 
 /// What one of the driver's network operations brought back.
 enum Event {
+    /// An operation with nothing to report (a penalty sent to the routing task).
+    Done,
     Search {
         round: u64,
         found: Vec<(PeerId, f32)>,
@@ -179,12 +181,10 @@ pub struct HubRoundStats {
     /// Peers whose updates are in the merge applied (the hub's members for a member; its
     /// own members for a hub).
     pub partners: Vec<PeerId>,
-    /// Bytes of the packet pushed, and of the merge received or served.
+    /// Bytes of the packets pushed (header and body, each push answered).
     pub push_bytes: u64,
     /// Bytes of merges received (a member) or served (a hub).
     pub merge_bytes: u64,
-    /// Bytes of a hub's model fetched to join it.
-    pub model_bytes: u64,
 }
 
 /// The persisted part of the driver.
@@ -314,6 +314,8 @@ impl HubDriver {
         self.blobs.clear();
         self.served.retain(|&r, _| r + 1 >= round);
         self.later.retain(|&(_, r), _| r + 1 >= round);
+        // A push the core never answered (its round is over) is dropped: its stream closes.
+        self.pushes.retain(|&(_, r), _| r + 1 >= round);
         let packet = self.put(Blob::Own {
             header: out.packet.header_bytes.clone(),
             body: out.packet.body_bytes.clone(),
@@ -645,10 +647,7 @@ impl HubDriver {
                 let routing = self.routing.clone();
                 self.ops.push(Box::pin(async move {
                     routing.report_invalid(peer, "exchange_ban").await;
-                    Event::Search {
-                        round: u64::MAX,
-                        found: Vec::new(),
-                    }
+                    Event::Done
                 }));
             }
             Output::Finished(report) => {
@@ -745,10 +744,7 @@ impl HubDriver {
         let routing = self.routing.clone();
         self.ops.push(Box::pin(async move {
             routing.report_invalid(peer, reason).await;
-            Event::Search {
-                round: u64::MAX,
-                found: Vec::new(),
-            }
+            Event::Done
         }));
     }
 
@@ -787,10 +783,8 @@ impl HubDriver {
     fn on_event(&mut self, event: Event) {
         let now = Millis(now_ms());
         match event {
+            Event::Done => {}
             Event::Search { round, found } => {
-                if round == u64::MAX {
-                    return;
-                }
                 let headers = found
                     .into_iter()
                     .filter(|(p, _)| *p != self.own)
