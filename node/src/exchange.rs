@@ -383,11 +383,6 @@ impl HubDriver {
         Ok(())
     }
 
-    /// The hub the node pushes to now (itself as a hub or alone).
-    pub fn hub(&self) -> PeerId {
-        self.core.hub()
-    }
-
     fn put(&mut self, blob: Blob) -> Handle {
         let h = self.next_handle;
         self.next_handle += 1;

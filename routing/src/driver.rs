@@ -13,7 +13,7 @@ use futures::StreamExt;
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
 use kindred_proto::OutcomePacket;
-use kindred_proto::rpc::{PushAnswer, RequestId, RpcErrorCode, RpcRequest, RpcResponse};
+use kindred_proto::rpc::{PushAnswer, RequestId, RpcErrorCode, RpcKind, RpcRequest, RpcResponse};
 use libp2p::core::Endpoint;
 use libp2p::kad::store::RecordStore;
 use libp2p::kad::{self, GetProvidersOk, QueryId, QueryResult, RecordKey};
@@ -135,8 +135,8 @@ impl Driver {
                     None => break,
                 },
                 event = self.swarm.select_next_some() => self.on_swarm_event(event),
-                Some((channel, peer, response)) = self.answering.next(),
-                    if !self.answering.is_empty() => self.send_answer(channel, peer, response),
+                Some((channel, peer, kind, response)) = self.answering.next(),
+                    if !self.answering.is_empty() => self.send_answer(channel, peer, kind, response),
                 () = sleep => self.core.handle_timeout(Instant::now()),
             }
             self.drain_outputs();
@@ -633,6 +633,7 @@ impl Driver {
 type Answering = (
     request_response::ResponseChannel<RpcResponse>,
     PeerId,
+    RpcKind,
     Option<RpcResponse>,
 );
 
@@ -648,7 +649,7 @@ impl Driver {
     ) {
         let serving = self.exchange_sink.as_ref().is_some_and(|s| !s.is_closed());
         let id = request.id();
-        let is_push = matches!(request, RpcRequest::Push { .. });
+        let kind = request.kind();
         let call = match self.core.exchange_request(peer, request, serving, now) {
             Inbound::Call(call) => call,
             Inbound::Respond(response) => {
@@ -675,7 +676,7 @@ impl Driver {
             // which the peer's exchange handles like any hub's.
             tracing::debug!(%peer, full = matches!(e, mpsc::error::TrySendError::Full(_)),
                 "exchange request not taken");
-            let response = if is_push {
+            let response = if kind == RpcKind::Push {
                 RpcResponse::PushAnswer {
                     id,
                     answer: PushAnswer::Busy,
@@ -686,24 +687,26 @@ impl Driver {
                     code: RpcErrorCode::NotFound,
                 }
             };
-            self.send_answer(channel, peer, Some(response));
+            self.send_answer(channel, peer, kind, Some(response));
             return;
         }
-        self.answering
-            .push(Box::pin(async move { (channel, peer, rx.await.ok()) }));
+        self.answering.push(Box::pin(
+            async move { (channel, peer, kind, rx.await.ok()) },
+        ));
     }
 
     fn send_answer(
         &mut self,
         channel: request_response::ResponseChannel<RpcResponse>,
         peer: PeerId,
+        kind: RpcKind,
         response: Option<RpcResponse>,
     ) {
         // Dropped unanswered: the channel closes and the peer's request fails.
         let Some(response) = response else {
             return;
         };
-        self.core.exchange_response_sent(&peer, &response);
+        self.core.exchange_response_sent(&peer, kind, &response);
         if self
             .swarm
             .behaviour_mut()

@@ -458,12 +458,9 @@ impl RoutingCore {
         }
     }
 
-    /// The node answered an exchange request from `peer` with `response`: count it.
-    pub fn exchange_response_sent(&mut self, peer: &PeerId, response: &RpcResponse) {
-        let kind = match response {
-            RpcResponse::PushAnswer { .. } => RpcKind::Push,
-            _ => RpcKind::Merge,
-        };
+    /// The node answered an exchange request of `kind` from `peer` with `response`: count it
+    /// under the request's kind (a merge fetch may be answered with a push's later answer).
+    pub fn exchange_response_sent(&mut self, peer: &PeerId, kind: RpcKind, response: &RpcResponse) {
         self.metrics
             .response_sent(peer, kind, response.encoded_len());
     }
