@@ -46,7 +46,7 @@ use kindred_routing::exchange::{
 };
 use kindred_routing::{
     ExchangeCall, ExchangeError, ExchangeReply, HubAnswer, InboundCall, InboundExchange,
-    PartnerQuery, RoutingHandle, SnapshotError, hub_rank_at,
+    PartnerQuery, PushedPacket, RoutingHandle, SnapshotError, hub_rank_at,
 };
 use libp2p::PeerId;
 use serde::{Deserialize, Serialize};
@@ -155,7 +155,10 @@ enum Event {
     },
 }
 
-/// What the node's exchange did in a round: for its status, metrics and round log line.
+/// What the node's exchange did in a round: for its status, metrics and round log line. The
+/// counters (pushes, refusals, bans, bytes) cover the time since the previous round's report,
+/// so what the node served between rounds (a late merge fetch, an early push) is counted in
+/// the next round's.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct HubRoundStats {
     /// `hub`, `member` or `local`.
@@ -302,7 +305,7 @@ impl HubDriver {
         start_ms: u64,
         round_ms: u64,
     ) -> Result<(HubRoundStats, Vec<f32>), HubError> {
-        self.stats = HubRoundStats::default();
+        // Counters run on from between rounds ([`HubDriver::idle_until`]).
         self.finished = None;
         let deadline_ms = start_ms + (round_ms as f64 * DEADLINE_SHARE) as u64;
         self.search_after = start_ms + (round_ms as f64 * SEARCH_AFTER) as u64;
@@ -357,10 +360,7 @@ impl HubDriver {
     /// # Errors
     /// [`HubError`] when the engine fails a check it was asked for.
     pub async fn idle_until(&mut self, engine: &mut Engine, until_ms: u64) -> Result<(), HubError> {
-        let stats = std::mem::take(&mut self.stats);
-        let r = self.pump_until(engine, until_ms).await;
-        self.stats = stats;
-        r
+        self.pump_until(engine, until_ms).await
     }
 
     /// Persist the core's snapshot and the hub distiller's state; call before the round's
@@ -540,12 +540,12 @@ impl HubDriver {
                     return Ok(());
                 };
                 let bytes = header.len() + body.len();
-                let call = ExchangeCall::Push {
+                let call = ExchangeCall::Push(PushedPacket {
                     round,
                     header: header.clone(),
                     body: body.clone(),
                     known: known.into_iter().map(|(p, _)| p).collect(),
-                };
+                });
                 let routing = self.routing.clone();
                 self.ops.push(Box::pin(async move {
                     let answer = routing.exchange_call(to, call).await;
@@ -669,12 +669,12 @@ impl HubDriver {
         let InboundExchange { peer, call, reply } = inbound;
         let now = Millis(now_ms());
         match call {
-            InboundCall::Push {
+            InboundCall::Push(PushedPacket {
                 round,
                 header,
                 body,
                 known,
-            } => {
+            }) => {
                 let packet = match OutcomePacket::decode(&header, &body, &self.spec) {
                     Ok(p) => p,
                     Err(e) => return self.invalid(peer, e.reason()),

@@ -441,18 +441,18 @@ async fn run_round(
     tokio::task::block_in_place(|| engine.checkpoint(round, report.merged.clone()))?;
 
     let m = &shared.metrics;
-    m.rounds.inc();
-    m.round_seconds.observe(began.elapsed().as_secs_f64());
+    record_round(
+        m,
+        began,
+        report.partners.len(),
+        packet_bytes,
+        out.loss,
+        accuracy,
+    );
     m.lookup_seconds.observe(lookup_ms as f64 / 1000.0);
-    m.partners.observe(report.partners.len() as f64);
     m.lookups
         .get_or_create(&vec![("mode", mode.to_string())])
         .inc();
-    m.packet_bytes.observe(packet_bytes as f64);
-    m.loss.set(f64::from(out.loss));
-    if let Some(a) = accuracy {
-        m.accuracy.set(f64::from(a));
-    }
     for (_, reason) in &report.rejected {
         m.merge_verdicts
             .get_or_create(&vec![("verdict", (*reason).to_string())])
@@ -549,14 +549,14 @@ async fn run_hub_round(
     tokio::task::block_in_place(|| engine.checkpoint(round, applied))?;
 
     let m = &shared.metrics;
-    m.rounds.inc();
-    m.round_seconds.observe(began.elapsed().as_secs_f64());
-    m.partners.observe(stats.partners.len() as f64);
-    m.packet_bytes.observe(packet_bytes as f64);
-    m.loss.set(f64::from(out.loss));
-    if let Some(a) = accuracy {
-        m.accuracy.set(f64::from(a));
-    }
+    record_round(
+        m,
+        began,
+        stats.partners.len(),
+        packet_bytes,
+        out.loss,
+        accuracy,
+    );
     record_exchange(m, &stats);
     let (info, routing_metrics) = publish_round(routing, shared, round, merged_st).await;
     tracing::info!(
@@ -576,7 +576,7 @@ async fn run_hub_round(
         refused = stats.refused,
         bytes_out = packet_bytes,
         wire_out = routing_metrics.as_ref().map_or(0, |m| m.wire_bytes_out),
-        rpc_out = routing_metrics.as_ref().map_or(0, |m| m.peers.values().chain(std::iter::once(&m.other_peers)).map(|p| p.bytes_out).sum::<u64>()),
+        rpc_out = routing_metrics.as_ref().map_or(0, rpc_bytes_out),
         "round done"
     );
     let record = RoundRecord {
@@ -626,6 +626,34 @@ async fn publish_round(
             .unwrap_or_else(PoisonError::into_inner) = Some((round, bytes));
     }
     (info, routing_metrics)
+}
+
+/// A round's figures common to both exchanges into the node's metrics.
+fn record_round(
+    m: &NodeMetrics,
+    began: std::time::Instant,
+    partners: usize,
+    packet_bytes: u64,
+    loss: f32,
+    accuracy: Option<f32>,
+) {
+    m.rounds.inc();
+    m.round_seconds.observe(began.elapsed().as_secs_f64());
+    m.partners.observe(partners as f64);
+    m.packet_bytes.observe(packet_bytes as f64);
+    m.loss.set(f64::from(loss));
+    if let Some(a) = accuracy {
+        m.accuracy.set(f64::from(a));
+    }
+}
+
+/// Bytes the node's packet RPCs sent, every peer together.
+fn rpc_bytes_out(m: &kindred_routing::RoutingMetrics) -> u64 {
+    m.peers
+        .values()
+        .chain(std::iter::once(&m.other_peers))
+        .map(|p| p.bytes_out)
+        .sum()
 }
 
 /// The exchange's figures of a round into the node's metrics.

@@ -41,17 +41,8 @@ pub struct ExchangeCallId(pub u64);
 /// What a node asks of a peer in the hub exchange.
 #[derive(Debug, Clone)]
 pub enum ExchangeCall {
-    /// Push the node's packet of `round` to its hub, with the peers of its view.
-    Push {
-        /// The round.
-        round: u64,
-        /// The sealed packet header.
-        header: Vec<u8>,
-        /// The packet body.
-        body: Vec<u8>,
-        /// The peers of its view (at most [`kindred_proto::rpc::MAX_KNOWN_PEERS`]).
-        known: Vec<PeerId>,
-    },
+    /// Push the node's packet to its hub, with the peers of its view.
+    Push(PushedPacket),
     /// Ask the hub for its merge of `round`, to be verified against `spec`.
     GetMerge {
         /// The round.
@@ -59,6 +50,20 @@ pub enum ExchangeCall {
         /// The local model.
         spec: Arc<ModelSpec>,
     },
+}
+
+/// A member's packet pushed to its hub, as sent and as received (a received one is not yet
+/// verified: the node checks it against its model).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PushedPacket {
+    /// The round it pushes for.
+    pub round: u64,
+    /// The sealed packet header.
+    pub header: Vec<u8>,
+    /// The packet body.
+    pub body: Vec<u8>,
+    /// The peers of the member's view (at most [`kindred_proto::rpc::MAX_KNOWN_PEERS`]).
+    pub known: Vec<PeerId>,
 }
 
 /// A hub's answer to a push, peers parsed.
@@ -123,16 +128,7 @@ pub enum ExchangeError {
 pub enum InboundCall {
     /// A member's push: its packet (not yet verified: the node checks it against its model)
     /// and the peers of its view.
-    Push {
-        /// The round it pushes for.
-        round: u64,
-        /// The packet header as received.
-        header: Vec<u8>,
-        /// The packet body as received.
-        body: Vec<u8>,
-        /// The peers of its view.
-        known: Vec<PeerId>,
-    },
+    Push(PushedPacket),
     /// A member asks for the merge of `round`.
     GetMerge {
         /// The round.
@@ -258,12 +254,12 @@ impl RoutingCore {
         }
         let request_id = RequestId(self.next_id());
         let (request, merge) = match call {
-            ExchangeCall::Push {
+            ExchangeCall::Push(PushedPacket {
                 round,
                 header,
                 body,
                 known,
-            } => (
+            }) => (
                 RpcRequest::Push {
                     id: request_id,
                     round,
@@ -438,12 +434,12 @@ impl RoutingCore {
                 known,
                 ..
             } => match parse_peers(&known) {
-                Some(known) => Inbound::Call(InboundCall::Push {
+                Some(known) => Inbound::Call(InboundCall::Push(PushedPacket {
                     round,
                     header,
                     body,
                     known,
-                }),
+                })),
                 None => {
                     self.reject(&peer, BAD_REQUEST, Some(Severity::Major), now);
                     Inbound::Drop

@@ -96,6 +96,9 @@ struct Net {
     lookalikes: BTreeSet<(u32, u32)>,
     /// Nodes that announced their keys (the fake DHT's provider records).
     announced: BTreeSet<u32>,
+    /// Nodes no other node's search ever finds (their own searches find the others): views
+    /// that are not symmetric, as a band miss leaves them.
+    hidden: BTreeSet<u32>,
     violations: Vec<String>,
 }
 
@@ -148,6 +151,7 @@ impl Net {
             loss,
             lookalikes,
             announced: BTreeSet::new(),
+            hidden: BTreeSet::new(),
             violations: Vec::new(),
         }
     }
@@ -225,7 +229,7 @@ impl Net {
                 let headers: Vec<SeenHeader<u32>> = self
                     .announced
                     .iter()
-                    .filter(|&&j| j != i && self.is_up(j))
+                    .filter(|&&j| j != i && self.is_up(j) && !self.hidden.contains(&j))
                     .map(|&j| {
                         let hub = self.node(j).core.as_ref().map_or(j, Core::hub);
                         SeenHeader {
@@ -588,6 +592,26 @@ fn without_faults_each_task_forms_one_cohort_and_stays_pure() {
             .iter()
             .all(|n| matches!(n.reports[&0].3, Apply::Own(_)))
     );
+}
+
+/// The lowest rank of a task is found by nobody, but finds the others: it is its own hub and
+/// nobody pushes to it, while the rest of its task forms a cohort under the next rank. After
+/// `idle_rounds` it pushes to that hub, which learns of it and hands the cohort over.
+#[test]
+fn a_hub_nobody_found_pushes_to_its_next_rank_and_the_task_converges_under_it() {
+    let mut net = Net::new(12, 7, 0.0, &[], 0.0);
+    let lowest = (0..12u32)
+        .filter(|&i| net.node(i).task == 0)
+        .min_by_key(|&i| net.node(i).rank)
+        .unwrap();
+    net.hidden.insert(lowest);
+    net.run(0..12, &[]);
+    net.check_rounds();
+    assert_eq!(net.violations, Vec::<String>::new());
+    for round in 9..12 {
+        net.converged(round).unwrap();
+        assert_eq!(net.nodes[lowest as usize].reports[&round].1, lowest);
+    }
 }
 
 #[test]

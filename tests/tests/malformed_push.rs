@@ -12,7 +12,8 @@ use kindred_proto::{
     DenseValues, Embedding, HeaderFields, LayerPayload, ModelSpec, PacketBody, SealedPacket, seal,
 };
 use kindred_routing::{
-    ExchangeCall, ExchangeError, ExchangeReply, MemoryStore, NetworkId, RoutingConfig, spawn,
+    ExchangeCall, ExchangeError, ExchangeReply, MemoryStore, NetworkId, PushedPacket,
+    RoutingConfig, spawn,
 };
 use kindred_tests::{NodeProc, TempDir, node_config, wait_for};
 use libp2p::identity::{Keypair, ed25519};
@@ -100,11 +101,13 @@ fn malformed_pushes_are_rejected_by_reason_and_the_sender_banned() {
     let mut wrong_body = own.clone();
     wrong_body.body_bytes[3] ^= 0x40;
     let foreign = packet(&theirs, &spec, 7);
-    let push = |p: &SealedPacket, round: u64| ExchangeCall::Push {
-        round,
-        header: p.header_bytes.clone(),
-        body: p.body_bytes.clone(),
-        known: Vec::new(),
+    let push = |p: &SealedPacket, round: u64| {
+        ExchangeCall::Push(PushedPacket {
+            round,
+            header: p.header_bytes.clone(),
+            body: p.body_bytes.clone(),
+            known: Vec::new(),
+        })
     };
     let first = runtime.block_on(attack(
         &ours,

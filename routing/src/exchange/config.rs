@@ -47,7 +47,15 @@ pub struct ExchangeConfig {
     /// others' members (whose headers name their hub) by searching again.
     pub warmup_searches: u64,
     /// After those, a node that is its own hub searches every this many rounds. Default 10.
+    /// A node that knows nobody yet searches every round until this many exchange rounds
+    /// have passed: one miss of the warm-up's searches (the band keys are a coin toss for a
+    /// young model) must not leave it alone for `search_every` rounds.
     pub search_every: u64,
+    /// Exchange rounds in a row a node that is its own hub and knows peers takes no push
+    /// before it pushes to its next rank for a round: views need not be symmetric (it found
+    /// a cohort whose hub it outranks, the cohort never found it), and the push is what tells
+    /// that hub, which then hands the cohort over. Default 2.
+    pub idle_rounds: u32,
     /// One node in this many, the lowest ranks, is a hub candidate
     /// ([`crate::is_hub_candidate`]). Default 4.
     pub candidates: u64,
@@ -109,6 +117,7 @@ impl Default for ExchangeConfig {
             local_rounds: 2,
             warmup_searches: 3,
             search_every: 10,
+            idle_rounds: 2,
             candidates: 4,
             candidate_rounds: 2,
             max_members: 1024,

@@ -25,7 +25,9 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
                 (Step::Merging { .. } | Step::CheckOwn { .. } | Step::Done, Role::Hub) => {
                     Answer::Late
                 }
-                (Step::Done, Role::Member) if own_hub => Answer::Late,
+                // Its own hub, pushing to its next rank as an idle hub
+                // (`ExchangeConfig::idle_rounds`): a hub again next round.
+                (_, Role::Member) if own_hub => Answer::Late,
                 _ => Answer::NotHub { hub, rank },
             },
             // The node is past that round, or not yet in it.
@@ -243,6 +245,7 @@ fn hold<P: PartialEq, M>(
     push: PushIn<P, M>,
     max: usize,
 ) -> Answer<P> {
+    r.heard = true;
     if let Some(held) = r.pushes.iter_mut().find(|p| p.from == push.from) {
         *held = push;
         Answer::Accepted

@@ -12,6 +12,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
     pub(super) fn packet_ready(&mut self, now: Millis, round: u64, packet: M) {
         let exchange_round = self.exchange_round(round);
         let alone = self.view.hub() == *self.view.own();
+        let knows_nobody = self.view.cohort().is_empty();
         let cfg = &self.config;
         let Some(r) = current(&mut self.round, round) else {
             return;
@@ -25,10 +26,13 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             self.finish(Apply::Nothing, false);
             return;
         };
-        // Nodes that are their own hub search (those that know nobody among them): two
-        // cohorts of one task that found no peer of each other merge when one's hub meets the
-        // other's. While cohorts form, only hub candidates announce.
-        let scheduled = x < cfg.warmup_searches || x.is_multiple_of(cfg.search_every.max(1));
+        // Nodes that are their own hub search: two cohorts of one task that found no peer of
+        // each other merge when one's hub meets the other's. A node that knows nobody
+        // searches every round of its first `search_every`. While cohorts form, only hub
+        // candidates announce.
+        let every = cfg.search_every.max(1);
+        let scheduled =
+            x < cfg.warmup_searches || x.is_multiple_of(every) || (knows_nobody && x < every);
         if alone && scheduled {
             let announce =
                 x >= cfg.candidate_rounds || is_hub_candidate(self.view.own_rank(), cfg.candidates);
@@ -68,7 +72,20 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
 
     /// The node's packet is ready and its search over: be the hub, or join and push to it.
     pub(super) fn choose(&mut self, now: Millis) {
-        let hub = self.view.hub();
+        let mut hub = self.view.hub();
+        // A hub nobody pushed to for `idle_rounds` pushes to its next rank this round: that
+        // hub learns of it and hands its cohort over ([`ExchangeConfig::idle_rounds`]).
+        if self.view.is_own(&hub)
+            && self.idle >= self.config.idle_rounds.max(1)
+            && let Some(next) = self.view.cohort().members().next()
+        {
+            tracing::debug!(
+                ?next,
+                idle = self.idle,
+                "exchange: idle hub pushes to its next rank"
+            );
+            hub = next.clone();
+        }
         let is_own = self.view.is_own(&hub);
         let rank = self.rank_of(&hub);
         let joined = self.joined.as_ref() == Some(&hub);
@@ -113,18 +130,26 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
         }
     }
 
-    /// Pushes the node held as a would-be hub go to `hub`, its checked hub.
+    /// Pushes the node held as a would-be hub go to `hub`, its checked hub. An idle hub
+    /// pushing to its next rank (its view's hub is itself) answers them late instead: it
+    /// outranks `hub`, and is a hub again next round.
     fn redirect_held(&mut self, hub: &P, rank: u64) {
+        let idle_push = self.view.is_own(&self.view.hub());
         let Some(r) = self.round.as_mut() else { return };
         let round = r.number;
         for p in std::mem::take(&mut r.pushes) {
+            let answer = if idle_push {
+                Answer::Late
+            } else {
+                Answer::NotHub {
+                    hub: hub.clone(),
+                    rank,
+                }
+            };
             self.out.push_back(Output::Answer {
                 to: p.from,
                 round,
-                answer: Answer::NotHub {
-                    hub: hub.clone(),
-                    rank,
-                },
+                answer,
             });
         }
     }

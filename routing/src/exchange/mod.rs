@@ -19,11 +19,15 @@
 //! runs: round numbers are the swarm's (the node's are its wall clock's), so a node that joins
 //! late warms up like one that started with the swarm. Then, each round:
 //! 1. **Search.** A node that is its own hub searches its band keys in exchange rounds
-//!    `0..warmup_searches` and then every [`ExchangeConfig::search_every`]; while cohorts form
+//!    `0..warmup_searches` and then every [`ExchangeConfig::search_every`] (every round of
+//!    the first `search_every` while it knows nobody); while cohorts form
 //!    ([`ExchangeConfig::candidate_rounds`]) only hub candidates ([`crate::is_hub_candidate`])
 //!    announce, the others look up only. It learns the headers the cosine gate admits and the
 //!    hubs they name ([`Cohort::learn`]).
-//! 2. **Join and push.** Its hub is the lowest rank it knows ([`Cohort::hub`]). A node that has
+//! 2. **Join and push.** Its hub is the lowest rank it knows ([`Cohort::hub`]). Views need not
+//!    be symmetric: a node may outrank a cohort that never found it, and wait for pushes that
+//!    never come. So a hub nobody pushed to for [`ExchangeConfig::idle_rounds`] pushes to its
+//!    next rank for one round; that hub learns of it and hands its cohort over. A node that has
 //!    not joined that hub first fetches the hub's model and has its own data check it
 //!    ([`ModelVerdict`]); if the data refuses it the node does not push, so another task's node
 //!    never enters a merge. Then it pushes its packet with its view.
@@ -194,6 +198,9 @@ pub struct Exchange<P, M> {
     told: Option<(P, u64)>,
     /// A hub: the version of its view each member last received with a merge.
     listed_to: BTreeMap<P, u64>,
+    /// Exchange rounds in a row the node was its own hub and nobody pushed to it
+    /// ([`ExchangeConfig::idle_rounds`]). Not persisted: a restart costs that many rounds.
+    idle: u32,
     /// The first round the node ran: its local rounds, warm-up searches and candidate rounds
     /// count from there (round numbers are the swarm's, the same for every node).
     first_round: Option<u64>,
@@ -218,6 +225,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             misses: None,
             told: None,
             listed_to: BTreeMap::new(),
+            idle: 0,
             first_round: None,
             last_round: None,
             next_ticket: 0,
@@ -279,6 +287,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             misses: snapshot.misses,
             told: None,
             listed_to: BTreeMap::new(),
+            idle: 0,
             first_round: snapshot.first_round,
             last_round: snapshot.last_round,
             next_ticket: snapshot.next_ticket,
@@ -461,6 +470,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             told_version: 0,
             retries: 0,
             served: None,
+            heard: false,
         });
     }
 
@@ -603,6 +613,11 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             (apply, _) => apply,
         };
         let (round, role) = (r.number, r.role);
+        match role {
+            Role::Hub if !r.heard => self.idle = self.idle.saturating_add(1),
+            Role::Hub | Role::Member => self.idle = 0,
+            Role::Local => {}
+        }
         let hub = match role {
             Role::Member => r.hub.clone().unwrap_or(own),
             Role::Hub | Role::Local => own,

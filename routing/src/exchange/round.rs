@@ -97,6 +97,8 @@ pub(super) struct Round<P, M> {
     pub(super) retries: u32,
     /// What a hub served this round, for members that ask again.
     pub(super) served: Option<Served<P, M>>,
+    /// Somebody pushed to the node this round (a hub nobody pushes to is idle).
+    pub(super) heard: bool,
 }
 
 /// A hub's merge of the round, kept for the members that ask for it again.

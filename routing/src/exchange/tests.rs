@@ -531,3 +531,86 @@ fn a_new_rank_window_can_move_the_hub() {
     assert_eq!((restored.rank_window(), restored.hub()), (1, 3));
     assert_eq!(node.window_of(250), 2);
 }
+
+/// Runs round `round` to its deadline (a search finds nobody); returns the node's outputs and
+/// its report.
+fn idle_round(
+    node: &mut Node,
+    round: u64,
+) -> (
+    Vec<Output<u32, &'static str>>,
+    RoundReport<u32, &'static str>,
+) {
+    let mut outputs = start(node, round, "p");
+    let t = Millis(round * 1_000);
+    if searches(&outputs) {
+        let headers = Vec::new();
+        node.handle(t.saturating_add(1), Input::SearchDone { round, headers });
+    }
+    outputs.extend(drain(node));
+    node.handle_timeout(t.saturating_add(1_000));
+    outputs.extend(drain(node));
+    let report = finished(&outputs).unwrap();
+    (outputs, report)
+}
+
+fn searches(asked: &[Output<u32, &'static str>]) -> bool {
+    asked.iter().any(|o| matches!(o, Output::Search { .. }))
+}
+
+#[test]
+fn a_node_that_knows_nobody_searches_every_round_at_first_then_every_search_every() {
+    let mut node = Node::new(1, 10, config());
+    let every = config().search_every;
+    let searched: Vec<u64> = (0..3 * every)
+        .filter(|&round| searches(&idle_round(&mut node, round).0))
+        .collect();
+    let mut expected: Vec<u64> = (0..every).collect();
+    expected.extend([every, 2 * every]);
+    assert_eq!(searched, expected);
+}
+
+#[test]
+fn a_hub_nobody_pushes_to_joins_its_next_rank_for_a_round_then_heads_again() {
+    let mut node = Node::new(1, 10, config());
+    node.view.learn([(2, 20)]);
+    let idle = config().idle_rounds;
+    for round in 0..u64::from(idle) {
+        let (_, report) = idle_round(&mut node, round);
+        assert_eq!((report.role, report.hub), (Role::Hub, 1));
+    }
+    // Nobody pushed for `idle_rounds`: it joins its next rank (fetches its model first).
+    let round = u64::from(idle);
+    let (asked, report) = idle_round(&mut node, round);
+    assert!(
+        asked
+            .iter()
+            .any(|o| matches!(o, Output::FetchModel { hub: 2, .. })),
+        "{asked:?}"
+    );
+    assert_eq!((report.role, report.hub), (Role::Member, 2));
+    // That round over, it heads its cohort again, and a push is held for its admission.
+    let round = round + 1;
+    let asked = start(&mut node, round, "p");
+    assert!(!searches(&asked) && asked.is_empty(), "{asked:?}");
+    let t = Millis(round * 1_000 + 5);
+    node.handle(
+        t,
+        Input::PushReceived {
+            from: 2,
+            rank: 20,
+            round,
+            packet: "p2",
+            cosine: 0.99,
+            known: Vec::new(),
+        },
+    );
+    assert!(matches!(
+        drain(&mut node).as_slice(),
+        [Output::Answer {
+            to: 2,
+            answer: Answer::Accepted,
+            ..
+        }]
+    ));
+}
