@@ -38,7 +38,7 @@
 //!   problem (400 when the query does not parse). These are the bounds the packet codec enforces
 //!   on what peers send, so a bad upload is refused here instead of costing a round.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::pin::pin;
 use std::sync::{Arc, PoisonError, RwLock};
@@ -197,6 +197,9 @@ pub struct RoundRecord {
     /// since it started.
     #[serde(default)]
     pub wire_bytes_sent: u64,
+    /// The same bytes by protocol (`kademlia`, `rpc`, `identify`, `ping`, `other`).
+    #[serde(default)]
+    pub wire_sent_by_protocol: BTreeMap<String, u64>,
 }
 
 /// What a round's snapshot pull did.
@@ -243,6 +246,12 @@ pub struct Status {
     /// Bytes received over all connections since start, every protocol.
     #[serde(default)]
     pub wire_bytes_received: u64,
+    /// Bytes sent since start by protocol (`kademlia`, `rpc`, `identify`, `ping`, `other`).
+    #[serde(default)]
+    pub wire_sent_by_protocol: BTreeMap<String, u64>,
+    /// Bytes received since start by protocol.
+    #[serde(default)]
+    pub wire_received_by_protocol: BTreeMap<String, u64>,
     /// Completed rounds of this run, oldest first (at most the last 1,000).
     pub history: Vec<RoundRecord>,
 }

@@ -12,7 +12,7 @@
 //! same model (`2 (N−1)/N × 4 × params` bytes sent per node per round); and partner purity (the
 //! share of merge partners from the node's own cluster).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -109,6 +109,11 @@ pub struct DemoReport {
     /// Mean bytes a node sent per round over all its connections after its warm-up (its local
     /// rounds and first searches, [`WARMUP_ROUNDS`]): what a long run costs per round.
     pub wire_bytes_per_node_round_steady: f64,
+    /// [`DemoReport::wire_bytes_per_node_round`] by protocol (`kademlia`, `rpc`, `identify`,
+    /// `ping`, `other`).
+    pub wire_bytes_per_node_round_by_protocol: BTreeMap<String, f64>,
+    /// [`DemoReport::wire_bytes_warmup_per_node`] by protocol.
+    pub wire_bytes_warmup_by_protocol: BTreeMap<String, f64>,
     /// Bytes a node sends per round in a full-precision ring all-reduce.
     pub bytes_allreduce: f64,
     /// Share of merge partners from the node's own cluster.
@@ -303,6 +308,8 @@ fn report(
     let mut bytes = 0f64;
     let mut wire = 0f64;
     let (mut warmup, mut steady, mut steady_nodes) = (0f64, 0f64, 0usize);
+    let mut by_protocol: BTreeMap<String, f64> = BTreeMap::new();
+    let mut warmup_by_protocol: BTreeMap<String, f64> = BTreeMap::new();
     let mut per_node = Vec::with_capacity(n);
     let (mut hub_changes, mut missed_merges) = (0usize, 0usize);
     for (i, s) in summaries.iter().enumerate() {
@@ -336,10 +343,16 @@ fn report(
         let rounds = s.history.len().max(1) as f64;
         bytes += s.bytes_sent as f64 / rounds;
         wire += s.wire_bytes_sent as f64 / rounds;
+        for (p, b) in &s.wire_sent_by_protocol {
+            *by_protocol.entry(p.clone()).or_default() += *b as f64 / rounds;
+        }
         if let (Some(warm), Some(last)) = (s.history.get(WARMUP_ROUNDS - 1), s.history.last())
             && s.history.len() > WARMUP_ROUNDS
         {
             warmup += warm.wire_bytes_sent as f64;
+            for (p, b) in &warm.wire_sent_by_protocol {
+                *warmup_by_protocol.entry(p.clone()).or_default() += *b as f64;
+            }
             let after = (s.history.len() - WARMUP_ROUNDS) as f64;
             steady += last.wire_bytes_sent.saturating_sub(warm.wire_bytes_sent) as f64 / after;
             steady_nodes += 1;
@@ -385,6 +398,14 @@ fn report(
         wire_bytes_per_node_round: wire / n.max(1) as f64,
         wire_bytes_warmup_per_node: warmup / steady_nodes.max(1) as f64,
         wire_bytes_per_node_round_steady: steady / steady_nodes.max(1) as f64,
+        wire_bytes_per_node_round_by_protocol: by_protocol
+            .into_iter()
+            .map(|(p, b)| (p, b / n.max(1) as f64))
+            .collect(),
+        wire_bytes_warmup_by_protocol: warmup_by_protocol
+            .into_iter()
+            .map(|(p, b)| (p, b / steady_nodes.max(1) as f64))
+            .collect(),
         bytes_allreduce: 2.0 * (n as f64 - 1.0) / n as f64 * 4.0 * params,
         partner_purity: if partners == 0 {
             0.0
@@ -452,6 +473,17 @@ pub fn print(r: &DemoReport, json: bool) {
         r.wire_bytes_per_node_round_steady,
         versus(r.bytes_allreduce, r.wire_bytes_per_node_round_steady)
     );
+    let breakdown = |m: &BTreeMap<String, f64>| {
+        m.iter()
+            .map(|(p, b)| format!("{p} {b:.0}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    println!(
+        "  by protocol, per round: {}; of the warm-up: {}",
+        breakdown(&r.wire_bytes_per_node_round_by_protocol),
+        breakdown(&r.wire_bytes_warmup_by_protocol)
+    );
     println!(
         "partner purity: {:.1}% of merge partners from the node's own cluster",
         r.partner_purity * 100.0
@@ -479,6 +511,8 @@ pub fn print(r: &DemoReport, json: bool) {
                 "wire_bytes_per_node_round": r.wire_bytes_per_node_round,
                 "wire_bytes_warmup_per_node": r.wire_bytes_warmup_per_node,
                 "wire_bytes_per_node_round_steady": r.wire_bytes_per_node_round_steady,
+                "wire_bytes_per_node_round_by_protocol": r.wire_bytes_per_node_round_by_protocol,
+                "wire_bytes_warmup_by_protocol": r.wire_bytes_warmup_by_protocol,
                 "bytes_allreduce": r.bytes_allreduce,
                 "partner_purity": r.partner_purity,
                 "snapshot_rounds": r.snapshot_rounds,

@@ -269,6 +269,21 @@ impl Collector for RoutingSnapshot {
 
         let counter = ConstCounter::new(0u64);
         let mut family = encoder.encode_descriptor(
+            "wire_protocol_bytes",
+            "Bytes over all connections by protocol (kademlia, rpc, identify, ping, other) and \
+             direction",
+            None,
+            counter.metric_type(),
+        )?;
+        for (protocol, bytes_in, bytes_out) in m.wire.by_protocol() {
+            for (direction, value) in [("in", bytes_in), ("out", bytes_out)] {
+                let labels = [("protocol", protocol.label()), ("direction", direction)];
+                ConstCounter::new(value).encode(family.encode_family(&labels)?)?;
+            }
+        }
+
+        let counter = ConstCounter::new(0u64);
+        let mut family = encoder.encode_descriptor(
             "rejects",
             "Invalid data received, by reason",
             None,
@@ -372,6 +387,12 @@ mod tests {
         );
         assert!(
             text.contains(r#"kindred_wire_bytes_total{direction="out"} 777"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                r#"kindred_wire_protocol_bytes_total{protocol="kademlia",direction="in"} 0"#
+            ),
             "{text}"
         );
         // Every metric family is declared once.

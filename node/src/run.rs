@@ -483,6 +483,10 @@ async fn run_round(
         snapshot: snapshot.clone(),
         exchange: None,
         wire_bytes_sent: routing_metrics.as_ref().map_or(0, |m| m.wire_bytes_out),
+        wire_sent_by_protocol: routing_metrics
+            .as_ref()
+            .map(|m| by_protocol(&m.wire).1)
+            .unwrap_or_default(),
     };
     tracing::info!(
         round,
@@ -591,6 +595,10 @@ async fn run_hub_round(
         snapshot: None,
         exchange: Some(stats),
         wire_bytes_sent: routing_metrics.as_ref().map_or(0, |m| m.wire_bytes_out),
+        wire_sent_by_protocol: routing_metrics
+            .as_ref()
+            .map(|m| by_protocol(&m.wire).1)
+            .unwrap_or_default(),
     };
     update_status(
         shared,
@@ -645,6 +653,22 @@ fn record_round(
     if let Some(a) = accuracy {
         m.accuracy.set(f64::from(a));
     }
+}
+
+/// Bytes received and sent by protocol, keyed by the protocol's label.
+fn by_protocol(
+    wire: &kindred_routing::wire::WireBytes,
+) -> (
+    std::collections::BTreeMap<String, u64>,
+    std::collections::BTreeMap<String, u64>,
+) {
+    let mut received = std::collections::BTreeMap::new();
+    let mut sent = std::collections::BTreeMap::new();
+    for (p, i, o) in wire.by_protocol() {
+        received.insert(p.label().to_string(), i);
+        sent.insert(p.label().to_string(), o);
+    }
+    (received, sent)
 }
 
 /// Bytes the node's packet RPCs sent, every peer together.
@@ -714,6 +738,7 @@ fn update_status(
             (s.bytes_sent, s.bytes_received) =
                 peers.fold((0, 0), |(o, i), p| (o + p.bytes_out, i + p.bytes_in));
             (s.wire_bytes_sent, s.wire_bytes_received) = (rm.wire_bytes_out, rm.wire_bytes_in);
+            (s.wire_received_by_protocol, s.wire_sent_by_protocol) = by_protocol(&rm.wire);
         }
         s.history.push(record);
         if s.history.len() > MAX_HISTORY {

@@ -17,7 +17,6 @@ use kindred_proto::rpc::{PushAnswer, RequestId, RpcErrorCode, RpcKind, RpcReques
 use libp2p::core::Endpoint;
 use libp2p::kad::store::RecordStore;
 use libp2p::kad::{self, GetProvidersOk, QueryId, QueryResult, RecordKey};
-use libp2p::metrics::Registry;
 use libp2p::request_response::{self, OutboundFailure, OutboundRequestId};
 use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
 use libp2p::swarm::{ConnectionDenied, ConnectionId, ListenError, NetworkBehaviour, SwarmEvent};
@@ -38,7 +37,7 @@ use crate::keys::{SemanticKey, dht_key};
 use crate::lookup::{LookupError, LookupId, Partners};
 use crate::snapshot::{SnapshotError, SnapshotFetchId};
 use crate::store::PacketStore;
-use crate::transport::wire_bytes;
+use crate::wire::WireCounters;
 
 /// Listen addresses taken from one identify message.
 const MAX_IDENTIFY_ADDRS: usize = 16;
@@ -77,8 +76,8 @@ pub(crate) struct Driver {
     bootstraps: HashMap<QueryId, oneshot::Sender<Result<(), BootstrapError>>>,
     addr_book: AddrBook,
     dropped_events: u64,
-    /// Byte counters of every connection ([`crate::transport::count_bytes`]).
-    wire: Registry,
+    /// Byte counters of every connection, by protocol ([`crate::wire::count_bytes`]).
+    wire: WireCounters,
 }
 
 impl Driver {
@@ -89,7 +88,7 @@ impl Driver {
         commands: mpsc::Receiver<Command>,
         events: mpsc::Sender<RoutingEvent>,
         config: RoutingConfig,
-        wire: Registry,
+        wire: WireCounters,
     ) -> Self {
         Self {
             swarm,
@@ -225,7 +224,8 @@ impl Driver {
             }
             Command::Metrics { reply } => {
                 let mut metrics = self.core.metrics().clone();
-                (metrics.wire_bytes_in, metrics.wire_bytes_out) = wire_bytes(&self.wire);
+                metrics.wire = self.wire.snapshot();
+                (metrics.wire_bytes_in, metrics.wire_bytes_out) = metrics.wire.total();
                 let _ = reply.send(metrics);
             }
             Command::Info { reply } => {

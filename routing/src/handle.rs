@@ -32,7 +32,6 @@ use std::time::Duration;
 
 use kindred_proto::{ModelId, ModelSpec, OutcomePacket, PacketId, VerifiedHeader};
 use libp2p::identity::Keypair;
-use libp2p::metrics::Registry;
 use libp2p::swarm::Config as SwarmConfig;
 use libp2p::{Multiaddr, PeerId, Swarm};
 use tokio::sync::{mpsc, oneshot};
@@ -45,7 +44,8 @@ use crate::lookup::{LookupError, PartnerQuery, Partners};
 use crate::metrics::RoutingMetrics;
 use crate::snapshot::SnapshotError;
 use crate::store::PacketStore;
-use crate::transport::{TransportError, build_transport, count_bytes};
+use crate::transport::{TransportError, build_transport};
+use crate::wire::{WireCounters, count_bytes};
 
 /// How long [`spawn`] waits for its listeners to report an address.
 const LISTEN_TIMEOUT: Duration = Duration::from_secs(5);
@@ -430,7 +430,7 @@ pub async fn spawn(
         config.core.shards.threshold = k;
     }
     let peer_id = keypair.public().to_peer_id();
-    let mut wire = Registry::default();
+    let wire = WireCounters::default();
     let transport = count_bytes(
         build_transport(
             &keypair,
@@ -438,7 +438,7 @@ pub async fn spawn(
             config.transport.swarm_key,
             config.transport.handshake_timeout,
         )?,
-        &mut wire,
+        wire.clone(),
     );
     let behaviour = Behaviour::new(&keypair, &config);
     let mut swarm = Swarm::new(

@@ -60,6 +60,7 @@ mod serve;
 pub mod snapshot;
 pub mod store;
 pub mod transport;
+pub mod wire;
 
 pub use cohort::{Cohort, HUB_STRIKES, hub_rank, hub_rank_at, is_hub_candidate};
 pub use config::{

@@ -110,6 +110,8 @@ pub struct RoutingMetrics {
     pub wire_bytes_in: u64,
     /// Bytes sent over all connections, every protocol (see [`RoutingMetrics::wire_bytes_in`]).
     pub wire_bytes_out: u64,
+    /// The same bytes by protocol ([`crate::wire`]). Filled in by the driver.
+    pub wire: crate::wire::WireBytes,
 }
 
 impl RoutingMetrics {

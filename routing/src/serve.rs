@@ -31,8 +31,10 @@ use crate::core::RoutingCore;
 use crate::scoring::Severity;
 use crate::store::PacketStore;
 
-/// The reject label of an undecodable or oversize inbound request.
+/// The reject label of an undecodable inbound request.
 pub(crate) const BAD_REQUEST: &str = "bad_request";
+/// Reject label of a request frame over the size limit (`CodecError::FrameTooLarge`'s reason).
+pub(crate) const OVERSIZE_REQUEST: &str = "rpc_oversize";
 
 impl RoutingCore {
     /// Answer an inbound request from `peer` out of `store`.
@@ -128,11 +130,17 @@ impl RoutingCore {
 
     /// `peer` sent a request that is not one: a frame that does not decode, or a length prefix
     /// over the request limit (`cause` is the codec's label, e.g. `rpc_malformed` or
-    /// `rpc_oversize`, for the log). Counted as a `bad_request` reject and penalised as a major
-    /// offence, like an invalid response, so a peer that keeps sending garbage is banned. Nothing
-    /// is answered.
+    /// `rpc_oversize`). Counted as an `rpc_oversize` reject if it is over the limit (a push
+    /// larger than the node's model allows, say), as a `bad_request` otherwise (the cause goes
+    /// to the log), and penalised as a major offence, like an invalid response, so a peer that
+    /// keeps sending garbage is banned. Nothing is answered.
     pub fn handle_bad_request(&mut self, peer: PeerId, cause: &'static str, now: Instant) {
         tracing::debug!(%peer, cause, "undecodable request");
-        self.reject(&peer, BAD_REQUEST, Some(Severity::Major), now);
+        let label = if cause == OVERSIZE_REQUEST {
+            OVERSIZE_REQUEST
+        } else {
+            BAD_REQUEST
+        };
+        self.reject(&peer, label, Some(Severity::Major), now);
     }
 }

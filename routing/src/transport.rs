@@ -14,7 +14,6 @@ use libp2p::core::muxing::StreamMuxerBox;
 use libp2p::core::transport::{Boxed, MemoryTransport};
 use libp2p::core::upgrade::Version;
 use libp2p::identity::Keypair;
-use libp2p::metrics::{BandwidthTransport, Registry};
 use libp2p::pnet::{PnetConfig, PreSharedKey};
 use libp2p::{PeerId, Transport, noise, tcp, yamux};
 
@@ -89,42 +88,6 @@ pub fn build_transport(
             .boxed(),
     };
     Ok(transport)
-}
-
-/// Count every byte `transport`'s connections carry (all protocols: Kademlia, identify, ping and
-/// the packet RPCs) into `registry`, read back with [`wire_bytes`].
-pub fn count_bytes(
-    transport: Boxed<(PeerId, StreamMuxerBox)>,
-    registry: &mut Registry,
-) -> Boxed<(PeerId, StreamMuxerBox)> {
-    BandwidthTransport::new(transport, registry)
-        .map(|(peer, muxer), _| (peer, StreamMuxerBox::new(muxer)))
-        .boxed()
-}
-
-/// Bytes received and sent over the connections of a transport wrapped by [`count_bytes`]
-/// (stream payloads above the muxer, so Noise and yamux framing are not included).
-pub fn wire_bytes(registry: &Registry) -> (u64, u64) {
-    let mut text = String::new();
-    // Encoding into a String cannot fail.
-    let _ = prometheus_client::encoding::text::encode(&mut text, registry);
-    let (mut inbound, mut outbound) = (0u64, 0u64);
-    for line in text.lines() {
-        if !line.starts_with("libp2p_bandwidth_bytes_total{") {
-            continue;
-        }
-        let value = line
-            .rsplit(' ')
-            .next()
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0);
-        if line.contains(r#"direction="Inbound""#) {
-            inbound += value;
-        } else if line.contains(r#"direction="Outbound""#) {
-            outbound += value;
-        }
-    }
-    (inbound, outbound)
 }
 
 /// Put the pnet handshake in front of `base` when a swarm key is given.

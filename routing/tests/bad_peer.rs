@@ -415,7 +415,8 @@ async fn a_peer_sending_garbage_requests_is_banned() {
 
     let metrics = victim.metrics().await.unwrap();
     println!("rejects: {:?}, bans: {}", metrics.rejects, metrics.bans);
-    assert_eq!(metrics.rejects.get("bad_request"), Some(&3));
+    assert_eq!(metrics.rejects.get("bad_request"), Some(&2));
+    assert_eq!(metrics.rejects.get("rpc_oversize"), Some(&1));
     assert_eq!(metrics.bans, 1);
     let info = victim.info().await.unwrap();
     assert_eq!(info.banned, vec![attacker]);

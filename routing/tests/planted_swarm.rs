@@ -104,4 +104,21 @@ async fn sixty_four_nodes_find_their_cluster() {
         h_in + b_in,
         h_out + b_out
     );
+    // By protocol: the RPC streams carry at least the RPC messages (plus their framing and
+    // negotiation), Kademlia and identify carry traffic too, and every stream names its
+    // protocol.
+    use kindred_routing::wire::WireProtocol;
+    let (rpc_in, rpc_out) = metrics.wire.get(WireProtocol::Rpc);
+    println!(
+        "wire bytes by protocol: {:?}; RPC messages in {} out {}",
+        metrics.wire,
+        h_in + b_in,
+        h_out + b_out
+    );
+    assert!(rpc_in >= h_in + b_in && rpc_out >= h_out + b_out);
+    for p in [WireProtocol::Kademlia, WireProtocol::Identify] {
+        let (i, o) = metrics.wire.get(p);
+        assert!(i > 0 && o > 0, "{p:?}: {i} / {o}");
+    }
+    assert_eq!(metrics.wire.get(WireProtocol::Other), (0, 0));
 }

@@ -1,6 +1,7 @@
-//! A peer pushes malformed packets to an honest node running the hub exchange: a tampered
-//! header, a body that is not the one its header signed, another peer's packet, and a packet
-//! replayed into another round. Each is rejected with its own reason in the node's metrics, the
+//! Peers push malformed packets to an honest node running the hub exchange: a tampered
+//! header, a body that is not the one its header signed, another peer's packet, a packet
+//! replayed into another round, a truncated header, a push over the node's push limit and a
+//! header of garbage. Each is rejected with its own reason in the node's metrics, the
 //! sender is banned (its next push is refused), and the node keeps running its rounds.
 #![allow(clippy::unwrap_used, clippy::print_stdout)]
 
@@ -126,19 +127,51 @@ fn malformed_pushes_are_rejected_by_reason_and_the_sender_banned() {
         peer,
         vec![("another peer's packet", push(&foreign, 7))],
     ));
+    // A third: a truncated header, a push over the node's push limit (a body of 1 MB, where
+    // the MLP's dense f32 body is 204 KB), a header of garbage, then a valid push.
+    let third = ed25519::Keypair::generate();
+    let own_third = packet(&third, &spec, 7);
+    let mut truncated = own_third.clone();
+    truncated
+        .header_bytes
+        .truncate(own_third.header_bytes.len() / 2);
+    let mut oversize = own_third.clone();
+    oversize.body_bytes = vec![0u8; 1 << 20];
+    let mut garbage = own_third.clone();
+    garbage.header_bytes = vec![0xff; own_third.header_bytes.len()];
+    let last = runtime.block_on(attack(
+        &third,
+        &node,
+        peer,
+        vec![
+            ("truncated header", push(&truncated, 7)),
+            ("oversize push", push(&oversize, 7)),
+            ("garbage header", push(&garbage, 7)),
+            ("valid, after the ban", push(&own_third, 7)),
+        ],
+    ));
     // Invalid pushes are answered with nothing (the stream closes); the banned sender is refused
     // (or, banned, cannot connect at all).
-    for (what, answer) in first.iter().take(3).chain(&other) {
+    for (what, answer) in first
+        .iter()
+        .take(3)
+        .chain(&other)
+        .chain(last.iter().take(3))
+    {
         assert!(
             !matches!(answer, Ok(ExchangeReply::Answer(_))),
             "{what} was answered: {answer:?}"
         );
     }
-    let (_, last) = &first[3];
-    assert!(
-        matches!(last, Err(ExchangeError::Refused | ExchangeError::Failed(_))),
-        "a push after the ban got {last:?}"
-    );
+    for (_, after_ban) in [&first[3], &last[3]] {
+        assert!(
+            matches!(
+                after_ban,
+                Err(ExchangeError::Refused | ExchangeError::Failed(_))
+            ),
+            "a push after the ban got {after_ban:?}"
+        );
+    }
 
     // The node's metrics take the routing counters at each round's end.
     let reasons = [
@@ -146,6 +179,9 @@ fn malformed_pushes_are_rejected_by_reason_and_the_sender_banned() {
         "bad_signature",
         "body_hash_mismatch",
         "foreign_sender",
+        "truncated",
+        "rpc_oversize",
+        "malformed",
     ];
     let line = |r: &str| format!("kindred_rejects_total{{reason=\"{r}\"}} 1");
     let metrics = wait_for(Duration::from_secs(15), || {
