@@ -47,9 +47,9 @@ pub struct ExchangeConfig {
     /// others' members (whose headers name their hub) by searching again.
     pub warmup_searches: u64,
     /// After those, a node that is its own hub searches every this many rounds. Default 10.
-    /// A node that knows nobody yet searches every round until this many exchange rounds
-    /// have passed: one miss of the warm-up's searches (the band keys are a coin toss for a
-    /// young model) must not leave it alone for `search_every` rounds.
+    /// A node that knows nobody also searches in exchange rounds 4, 8, 16, ...: one miss of
+    /// the warm-up's searches (the band keys are a coin toss for a young model) must not leave
+    /// it alone for `search_every` rounds.
     pub search_every: u64,
     /// Exchange rounds in a row a node that is its own hub and knows peers takes no push
     /// before it pushes to its next rank for a round: views need not be symmetric (it found

@@ -27,12 +27,14 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             return;
         };
         // Nodes that are their own hub search: two cohorts of one task that found no peer of
-        // each other merge when one's hub meets the other's. A node that knows nobody
-        // searches every round of its first `search_every`. While cohorts form, only hub
-        // candidates announce.
+        // each other merge when one's hub meets the other's. A node that knows nobody also
+        // searches in exchange rounds that are powers of two (4, 8, 16, ...): it keeps looking,
+        // ever less often (members do not announce, so a search finds mostly hubs). While
+        // cohorts form, only hub candidates announce.
         let every = cfg.search_every.max(1);
-        let scheduled =
-            x < cfg.warmup_searches || x.is_multiple_of(every) || (knows_nobody && x < every);
+        let scheduled = x < cfg.warmup_searches
+            || x.is_multiple_of(every)
+            || (knows_nobody && x.is_power_of_two());
         if alone && scheduled {
             let announce =
                 x >= cfg.candidate_rounds || is_hub_candidate(self.view.own_rank(), cfg.candidates);

@@ -19,8 +19,8 @@
 //! runs: round numbers are the swarm's (the node's are its wall clock's), so a node that joins
 //! late warms up like one that started with the swarm. Then, each round:
 //! 1. **Search.** A node that is its own hub searches its band keys in exchange rounds
-//!    `0..warmup_searches` and then every [`ExchangeConfig::search_every`] (every round of
-//!    the first `search_every` while it knows nobody); while cohorts form
+//!    `0..warmup_searches` and then every [`ExchangeConfig::search_every`] (and in rounds
+//!    4, 8, 16, ... while it knows nobody); while cohorts form
 //!    ([`ExchangeConfig::candidate_rounds`]) only hub candidates ([`crate::is_hub_candidate`])
 //!    announce, the others look up only. It learns the headers the cosine gate admits and the
 //!    hubs they name ([`Cohort::learn`]).

@@ -559,15 +559,13 @@ fn searches(asked: &[Output<u32, &'static str>]) -> bool {
 }
 
 #[test]
-fn a_node_that_knows_nobody_searches_every_round_at_first_then_every_search_every() {
+fn a_node_that_knows_nobody_searches_in_the_warm_up_at_powers_of_two_and_every_search_every() {
     let mut node = Node::new(1, 10, config());
-    let every = config().search_every;
-    let searched: Vec<u64> = (0..3 * every)
+    assert_eq!((config().warmup_searches, config().search_every), (3, 10));
+    let searched: Vec<u64> = (0..33)
         .filter(|&round| searches(&idle_round(&mut node, round).0))
         .collect();
-    let mut expected: Vec<u64> = (0..every).collect();
-    expected.extend([every, 2 * every]);
-    assert_eq!(searched, expected);
+    assert_eq!(searched, [0, 1, 2, 4, 8, 10, 16, 20, 30, 32]);
 }
 
 #[test]
