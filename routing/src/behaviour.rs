@@ -98,9 +98,7 @@ fn kad_config(cfg: &KadConfig) -> kad::Config {
         .set_provider_record_ttl(Some(cfg.provider_ttl))
         .set_provider_publication_interval(Some(cfg.provider_ttl / 2))
         // Kindred stores no values, only provider records.
-        .set_record_ttl(Some(cfg.provider_ttl))
-        // The driver inserts peers in batches (`KadConfig::insert_every`).
-        .set_kbucket_inserts(kad::BucketInserts::Manual);
+        .set_record_ttl(Some(cfg.provider_ttl));
     c
 }
 

@@ -272,12 +272,6 @@ pub struct KadConfig {
     pub max_providers_per_key: usize,
     /// Server or client.
     pub mode: KadMode,
-    /// Peers met on connections (and by identify) enter the routing table in batches, at most
-    /// once per this interval, rather than one by one. Default 5 s. libp2p-kad bootstraps again
-    /// after each insert while its table holds fewer than 20 peers (a swarm below 21 nodes never
-    /// leaves that state), and in a young swarm every bootstrap meets more peers: one by one,
-    /// the inserts chain bootstraps. The first peers of an empty table enter at once.
-    pub insert_every: Duration,
 }
 
 impl Default for KadConfig {
@@ -289,7 +283,6 @@ impl Default for KadConfig {
             provider_ttl: Duration::from_secs(3600),
             max_providers_per_key: 64,
             mode: KadMode::Auto,
-            insert_every: Duration::from_secs(5),
         }
     }
 }

@@ -78,15 +78,7 @@ pub(crate) struct Driver {
     dropped_events: u64,
     /// Byte counters of every connection, by protocol ([`crate::wire::count_bytes`]).
     wire: WireCounters,
-    /// Peers waiting to enter the routing table, with their addresses
-    /// ([`crate::config::KadConfig::insert_every`]); at most [`MAX_PENDING_INSERTS`].
-    pending_inserts: HashMap<PeerId, Vec<libp2p::Multiaddr>>,
-    /// When the pending peers enter the table next.
-    next_insert: tokio::time::Instant,
 }
-
-/// Most peers waiting to enter the routing table; more are dropped (they are met again).
-const MAX_PENDING_INSERTS: usize = 1024;
 
 impl Driver {
     pub(crate) fn new(
@@ -119,8 +111,6 @@ impl Driver {
             addr_book: AddrBook::new(ADDR_BOOK_PEERS),
             dropped_events: 0,
             wire,
-            pending_inserts: HashMap::new(),
-            next_insert: tokio::time::Instant::now(),
         }
     }
 
@@ -134,8 +124,6 @@ impl Driver {
                     None => futures::future::pending().await,
                 }
             };
-            let insert_at = self.next_insert;
-            let inserts_waiting = !self.pending_inserts.is_empty();
             tokio::select! {
                 command = self.commands.recv() => match command {
                     Some(Command::Shutdown { reply }) => {
@@ -149,7 +137,6 @@ impl Driver {
                 Some((channel, peer, kind, response)) = self.answering.next(),
                     if !self.answering.is_empty() => self.send_answer(channel, peer, kind, response),
                 () = sleep => self.core.handle_timeout(Instant::now()),
-                () = tokio::time::sleep_until(insert_at), if inserts_waiting => self.insert_pending(),
             }
             self.drain_outputs();
         }
@@ -158,47 +145,6 @@ impl Driver {
         if let Some(reply) = shutdown {
             let _ = reply.send(());
         }
-    }
-
-    /// Note `peer` at `addrs` for the routing table: it enters with the next batch, or at once
-    /// if the table is empty (a node with no peers cannot look anything up).
-    fn queue_insert(&mut self, peer: PeerId, addrs: impl IntoIterator<Item = libp2p::Multiaddr>) {
-        let table_empty = self
-            .swarm
-            .behaviour_mut()
-            .kad
-            .kbuckets()
-            .all(|b| b.num_entries() == 0);
-        if table_empty {
-            for addr in addrs {
-                self.swarm.behaviour_mut().kad.add_address(&peer, addr);
-            }
-            self.next_insert = tokio::time::Instant::now() + self.config.kad.insert_every;
-            return;
-        }
-        if !self.pending_inserts.contains_key(&peer)
-            && self.pending_inserts.len() >= MAX_PENDING_INSERTS
-        {
-            return;
-        }
-        let entry = self.pending_inserts.entry(peer).or_default();
-        for addr in addrs {
-            if entry.len() < MAX_IDENTIFY_ADDRS && !entry.contains(&addr) {
-                entry.push(addr);
-            }
-        }
-    }
-
-    /// The pending peers enter the routing table together: libp2p-kad's automatic bootstrap
-    /// follows once for the batch, not once per peer.
-    fn insert_pending(&mut self) {
-        let kad = &mut self.swarm.behaviour_mut().kad;
-        for (peer, addrs) in self.pending_inserts.drain() {
-            for addr in addrs {
-                kad.add_address(&peer, addr);
-            }
-        }
-        self.next_insert = tokio::time::Instant::now() + self.config.kad.insert_every;
     }
 
     fn emit(&mut self, event: RoutingEvent) {
@@ -492,8 +438,9 @@ impl Driver {
                 if let identify::Event::Received { peer_id, info, .. } = *e
                     && info.protocols.contains(&KAD_PROTOCOL)
                 {
-                    let addrs = info.listen_addrs.into_iter().take(MAX_IDENTIFY_ADDRS);
-                    self.queue_insert(peer_id, addrs);
+                    for addr in info.listen_addrs.into_iter().take(MAX_IDENTIFY_ADDRS) {
+                        self.swarm.behaviour_mut().kad.add_address(&peer_id, addr);
+                    }
                 }
             }
             SwarmEvent::Behaviour(_) => {}
@@ -551,12 +498,6 @@ impl Driver {
 
     fn on_kad(&mut self, event: kad::Event) {
         let now = Instant::now();
-        if let kad::Event::RoutablePeer { peer, address }
-        | kad::Event::PendingRoutablePeer { peer, address } = event
-        {
-            self.queue_insert(peer, [address]);
-            return;
-        }
         let kad::Event::OutboundQueryProgressed {
             id,
             result,

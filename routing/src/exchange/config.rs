@@ -51,8 +51,8 @@ pub struct ExchangeConfig {
     /// the warm-up's searches (the band keys are a coin toss for a young model) must not leave
     /// it alone for `search_every` rounds.
     pub search_every: u64,
-    /// Exchange rounds in a row a node that is its own hub and knows peers takes no push
-    /// before it pushes to its next rank for a round: views need not be symmetric (it found
+    /// Exchange rounds in a row a node that is its own hub and knew peers from the round's
+    /// start takes no push before it pushes to its next rank for a round: views need not be symmetric (it found
     /// a cohort whose hub it outranks, the cohort never found it), and the push is what tells
     /// that hub, which then hands the cohort over. Default 2.
     pub idle_rounds: u32,

@@ -198,8 +198,9 @@ pub struct Exchange<P, M> {
     told: Option<(P, u64)>,
     /// A hub: the version of its view each member last received with a merge.
     listed_to: BTreeMap<P, u64>,
-    /// Exchange rounds in a row the node was its own hub and nobody pushed to it
-    /// ([`ExchangeConfig::idle_rounds`]). Not persisted: a restart costs that many rounds.
+    /// Exchange rounds in a row the node was its own hub, knew peers from the round's start,
+    /// and nobody pushed to it ([`ExchangeConfig::idle_rounds`]). Not persisted: a restart
+    /// costs that many rounds.
     idle: u32,
     /// The first round the node ran: its local rounds, warm-up searches and candidate rounds
     /// count from there (round numbers are the swarm's, the same for every node).
@@ -471,6 +472,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             retries: 0,
             served: None,
             heard: false,
+            knew_peers: !self.view.cohort().is_empty(),
         });
     }
 
@@ -614,7 +616,8 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
         };
         let (round, role) = (r.number, r.role);
         match role {
-            Role::Hub if !r.heard => self.idle = self.idle.saturating_add(1),
+            Role::Hub if !r.heard && r.knew_peers => self.idle = self.idle.saturating_add(1),
+            Role::Hub if !r.heard => {}
             Role::Hub | Role::Member => self.idle = 0,
             Role::Local => {}
         }
