@@ -64,8 +64,14 @@ fn killed_nodes_restart_with_identity_round_and_residuals() {
         assert!(restored.distiller_round > 0, "distiller state restored");
         // The hub exchange's state (its view, its hub, the hub's error feedback) is restored
         // before the first round: it was persisted with every committed round.
+        let restored_exchange = wait_for(Duration::from_secs(20), || {
+            nodes[i]
+                .log()
+                .contains("exchange state restored")
+                .then_some(())
+        });
         assert!(
-            nodes[i].log().contains("exchange state restored"),
+            restored_exchange.is_some(),
             "exchange state restored:\n{}",
             nodes[i].log()
         );

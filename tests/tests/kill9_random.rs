@@ -94,11 +94,16 @@ fn kill_and_restart(seed: u64) {
         );
         assert!(restored.distiller_round > 0, "node {i}: distiller restored");
         assert!(restored.residual_norm > 0.0, "node {i}: residuals restored");
+        // The exchange's state is restored when its driver starts, after the API is up.
+        let line = wait_for(Duration::from_secs(20), || {
+            nodes[i]
+                .log()
+                .lines()
+                .find(|l| l.contains("exchange state restored"))
+                .map(str::to_string)
+        })
+        .unwrap_or_else(|| panic!("node {i}: exchange state not restored:\n{}", nodes[i].log()));
         let log = nodes[i].log();
-        let line = log
-            .lines()
-            .find(|l| l.contains("exchange state restored"))
-            .unwrap_or_else(|| panic!("node {i}: exchange state not restored:\n{log}"));
         if let Some(hub) = joined {
             assert!(
                 line.contains(hub.as_str()),
