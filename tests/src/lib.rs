@@ -271,3 +271,41 @@ pub fn node_config(
         ..NodeConfig::default()
     }
 }
+
+/// After a restart of `node`: its API comes up with identity `peer`, a checkpoint at or past
+/// `round` with its distiller state, and its exchange state restored (logged when the exchange
+/// driver starts, after the API), and nothing in its log says a record did not read back.
+/// Returns the restored checkpoint and the exchange's restore log line.
+///
+/// # Panics
+/// When any of that does not hold, with the node's log.
+pub fn assert_restored(
+    node: &NodeProc,
+    peer: &str,
+    round: u64,
+) -> (kindred_node::engine::Restored, String) {
+    let s = wait_for(Duration::from_secs(30), || node.status())
+        .unwrap_or_else(|| panic!("the API never came up:\n{}", node.log()));
+    assert_eq!(s.peer_id, peer, "same identity after restart");
+    let restored = s
+        .restored
+        .unwrap_or_else(|| panic!("nothing restored:\n{}", node.log()));
+    assert!(
+        restored.round >= round,
+        "restored round {} < last seen {round}",
+        restored.round
+    );
+    assert!(restored.distiller_round > 0, "distiller state restored");
+    let line = wait_for(Duration::from_secs(20), || {
+        node.log()
+            .lines()
+            .find(|l| l.contains("exchange state restored"))
+            .map(str::to_string)
+    })
+    .unwrap_or_else(|| panic!("exchange state not restored:\n{}", node.log()));
+    let log = node.log();
+    for bad in ["not restored", "does not read back", "corrupt"] {
+        assert!(!log.contains(bad), "`{bad}` in the log:\n{log}");
+    }
+    (restored, line)
+}

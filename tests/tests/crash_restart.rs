@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use kindred_tests::{NodeProc, TempDir, node_config, wait_for};
+use kindred_tests::{NodeProc, TempDir, assert_restored, node_config, wait_for};
 
 const ROUND_SECS: f64 = 2.0;
 
@@ -50,31 +50,9 @@ fn killed_nodes_restart_with_identity_round_and_residuals() {
     for (k, i) in [1, 2].into_iter().enumerate() {
         nodes[i].start();
         let (peer, round) = &before[k];
-        let s = wait_for(Duration::from_secs(30), || nodes[i].status())
-            .unwrap_or_else(|| panic!("restarted node's API never came up:\n{}", nodes[i].log()));
-        assert_eq!(&s.peer_id, peer, "same identity after restart");
-        let restored = s
-            .restored
-            .unwrap_or_else(|| panic!("nothing restored:\n{}", nodes[i].log()));
-        assert!(
-            restored.round >= *round,
-            "restored round {} < last seen {round}",
-            restored.round
-        );
-        assert!(restored.distiller_round > 0, "distiller state restored");
-        // The hub exchange's state (its view, its hub, the hub's error feedback) is restored
-        // before the first round: it was persisted with every committed round.
-        let restored_exchange = wait_for(Duration::from_secs(20), || {
-            nodes[i]
-                .log()
-                .contains("exchange state restored")
-                .then_some(())
-        });
-        assert!(
-            restored_exchange.is_some(),
-            "exchange state restored:\n{}",
-            nodes[i].log()
-        );
+        // Identity, checkpoint, distiller state and the hub exchange's state (its view, its
+        // hub, the hub's error feedback), persisted with every committed round.
+        let (restored, _) = assert_restored(&nodes[i], peer, *round);
         assert!(
             restored.residual_norm > 0.0,
             "error-feedback residuals restored"

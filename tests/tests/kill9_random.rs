@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use kindred_node::api::Status;
-use kindred_tests::{NodeProc, TempDir, node_config, wait_for};
+use kindred_tests::{NodeProc, TempDir, assert_restored, node_config, wait_for};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -81,37 +81,13 @@ fn kill_and_restart(seed: u64) {
         ));
         nodes[i].start();
         let (peer, round, joined) = &before[k];
-        let s = wait_for(Duration::from_secs(30), || nodes[i].status())
-            .unwrap_or_else(|| panic!("node {i}'s API never came up:\n{}", nodes[i].log()));
-        assert_eq!(&s.peer_id, peer, "node {i}: same identity");
-        let restored = s
-            .restored
-            .unwrap_or_else(|| panic!("node {i}: nothing restored:\n{}", nodes[i].log()));
-        assert!(
-            restored.round >= *round,
-            "node {i}: restored round {} < last seen {round}",
-            restored.round
-        );
-        assert!(restored.distiller_round > 0, "node {i}: distiller restored");
+        let (restored, line) = assert_restored(&nodes[i], peer, *round);
         assert!(restored.residual_norm > 0.0, "node {i}: residuals restored");
-        // The exchange's state is restored when its driver starts, after the API is up.
-        let line = wait_for(Duration::from_secs(20), || {
-            nodes[i]
-                .log()
-                .lines()
-                .find(|l| l.contains("exchange state restored"))
-                .map(str::to_string)
-        })
-        .unwrap_or_else(|| panic!("node {i}: exchange state not restored:\n{}", nodes[i].log()));
-        let log = nodes[i].log();
         if let Some(hub) = joined {
             assert!(
                 line.contains(hub.as_str()),
                 "node {i}: joined hub {hub}: {line}"
             );
-        }
-        for bad in ["not restored", "does not read back", "corrupt"] {
-            assert!(!log.contains(bad), "node {i}: `{bad}` in its log:\n{log}");
         }
         println!(
             "node {i}: restored round {} (last seen {round}), residual norm {:.4}, joined {joined:?}",
