@@ -52,9 +52,9 @@ pub struct ExchangeConfig {
     /// it alone for `search_every` rounds.
     pub search_every: u64,
     /// Exchange rounds in a row a node that is its own hub and knew peers from the round's
-    /// start takes no push before it pushes to its next rank for a round: views need not be symmetric (it found
-    /// a cohort whose hub it outranks, the cohort never found it), and the push is what tells
-    /// that hub, which then hands the cohort over. Default 2.
+    /// start takes no push before it pushes to its next rank for a round: views need not be
+    /// symmetric (it found a cohort whose hub it outranks, the cohort never found it), and the
+    /// push is what tells that hub, which then hands the cohort over. Default 2.
     pub idle_rounds: u32,
     /// One node in this many, the lowest ranks, is a hub candidate
     /// ([`crate::is_hub_candidate`]). Default 4.
