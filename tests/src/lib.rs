@@ -309,3 +309,21 @@ pub fn assert_restored(
     }
     (restored, line)
 }
+
+/// Start `n` node processes under `dir` (`node0`, `node1`, ...) on network `network`, node
+/// `i` in label cluster `i % 2` with training shard `i` of `n`, every node but the first
+/// bootstrapping from the first.
+pub fn start_two_clusters(dir: &Path, network: &str, n: usize, round_secs: f64) -> Vec<NodeProc> {
+    let mut nodes: Vec<NodeProc> = Vec::new();
+    for i in 0..n {
+        let mut c = node_config(network, (i % 2) as u8, i, n, round_secs);
+        if let Some(first) = nodes.first() {
+            c.bootstrap = vec![first.bootstrap_addr()];
+        }
+        nodes.push(NodeProc::init(dir.join(format!("node{i}")), c));
+    }
+    for node in &mut nodes {
+        node.start();
+    }
+    nodes
+}

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use kindred_tests::{NodeProc, TempDir, assert_restored, node_config, wait_for};
+use kindred_tests::{TempDir, assert_restored, start_two_clusters, wait_for};
 
 const ROUND_SECS: f64 = 2.0;
 
@@ -13,17 +13,7 @@ const ROUND_SECS: f64 = 2.0;
 fn killed_nodes_restart_with_identity_round_and_residuals() {
     let dir = TempDir::new("crash");
     let n = 4;
-    let mut nodes: Vec<NodeProc> = Vec::new();
-    for i in 0..n {
-        let mut c = node_config("crash-test", (i % 2) as u8, i, n, ROUND_SECS);
-        if let Some(first) = nodes.first() {
-            c.bootstrap = vec![first.bootstrap_addr()];
-        }
-        nodes.push(NodeProc::init(dir.path().join(format!("node{i}")), c));
-    }
-    for node in &mut nodes {
-        node.start();
-    }
+    let mut nodes = start_two_clusters(dir.path(), "crash-test", n, ROUND_SECS);
     // Let everyone complete a few rounds with partners.
     for node in &nodes {
         let ok = wait_for(Duration::from_secs(60), || {

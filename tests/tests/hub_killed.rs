@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use kindred_node::api::Status;
-use kindred_tests::{NodeProc, TempDir, node_config, wait_for};
+use kindred_tests::{NodeProc, TempDir, start_two_clusters, wait_for};
 
 const ROUND_SECS: f64 = 3.0;
 const NODES: usize = 8;
@@ -21,17 +21,7 @@ fn role_and_hub(s: &Status) -> Option<(String, String)> {
 #[test]
 fn a_killed_hub_is_replaced_and_its_members_never_miss_a_round() {
     let dir = TempDir::new("hubkill");
-    let mut nodes: Vec<NodeProc> = Vec::new();
-    for i in 0..NODES {
-        let mut c = node_config("hubkill-test", (i % 2) as u8, i, NODES, ROUND_SECS);
-        if let Some(first) = nodes.first() {
-            c.bootstrap = vec![first.bootstrap_addr()];
-        }
-        nodes.push(NodeProc::init(dir.path().join(format!("node{i}")), c));
-    }
-    for node in &mut nodes {
-        node.start();
-    }
+    let mut nodes = start_two_clusters(dir.path(), "hubkill-test", NODES, ROUND_SECS);
     let ids: Vec<String> = nodes
         .iter()
         .map(|n| {

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use kindred_node::api::Status;
-use kindred_tests::{NodeProc, TempDir, assert_restored, node_config, wait_for};
+use kindred_tests::{TempDir, assert_restored, start_two_clusters, wait_for};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -35,17 +35,7 @@ fn joined_hub(s: &Status) -> Option<String> {
 fn kill_and_restart(seed: u64) {
     let mut rng = StdRng::seed_from_u64(seed);
     let dir = TempDir::new("kill9");
-    let mut nodes: Vec<NodeProc> = Vec::new();
-    for i in 0..NODES {
-        let mut c = node_config("kill9-test", (i % 2) as u8, i, NODES, ROUND_SECS);
-        if let Some(first) = nodes.first() {
-            c.bootstrap = vec![first.bootstrap_addr()];
-        }
-        nodes.push(NodeProc::init(dir.path().join(format!("node{i}")), c));
-    }
-    for node in &mut nodes {
-        node.start();
-    }
+    let mut nodes = start_two_clusters(dir.path(), "kill9-test", NODES, ROUND_SECS);
     // Cohorts form: wait until some node is a member of a hub, two rounds running.
     let member = wait_for(Duration::from_secs(90), || {
         (0..NODES).find(|&i| nodes[i].status().and_then(|s| joined_hub(&s)).is_some())
@@ -120,7 +110,7 @@ fn a_killed_hub_and_two_members_restart_with_their_state() {
 }
 
 #[test]
-#[ignore = "ten runs, about 10 minutes"]
+#[ignore = "ten runs, about 5 minutes"]
 fn ten_runs_of_random_kills() {
     for seed in 1..=10 {
         kill_and_restart(seed);
