@@ -22,7 +22,7 @@
 //! assert_eq!(totals.get(WireProtocol::Kademlia), (0, 0));
 //! ```
 
-use std::io::{self, IoSlice, IoSliceMut};
+use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -290,7 +290,8 @@ impl StreamMuxer for CountingMuxer {
 }
 
 /// A stream counted under its protocol once its first bytes name it; until then its bytes are
-/// held in `pending` (received, sent).
+/// held in `pending` (received, sent). Vectored reads and writes keep the traits' defaults,
+/// which go through `poll_read` / `poll_write`, so every byte is counted in one place.
 struct CountedStream {
     inner: SubstreamBox,
     counters: WireCounters,
@@ -352,25 +353,6 @@ impl AsyncRead for CountedStream {
         this.count(buf.get(..n).unwrap_or_default(), true);
         Poll::Ready(Ok(n))
     }
-
-    fn poll_read_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &mut [IoSliceMut<'_>],
-    ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        let n = ready!(Pin::new(&mut this.inner).poll_read_vectored(cx, bufs))?;
-        let mut left = n;
-        for b in bufs.iter() {
-            let take = left.min(b.len());
-            this.count(b.get(..take).unwrap_or_default(), true);
-            left -= take;
-            if left == 0 {
-                break;
-            }
-        }
-        Poll::Ready(Ok(n))
-    }
 }
 
 impl AsyncWrite for CountedStream {
@@ -382,25 +364,6 @@ impl AsyncWrite for CountedStream {
         let this = self.get_mut();
         let n = ready!(Pin::new(&mut this.inner).poll_write(cx, buf))?;
         this.count(buf.get(..n).unwrap_or_default(), false);
-        Poll::Ready(Ok(n))
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        let n = ready!(Pin::new(&mut this.inner).poll_write_vectored(cx, bufs))?;
-        let mut left = n;
-        for b in bufs {
-            let take = left.min(b.len());
-            this.count(b.get(..take).unwrap_or_default(), false);
-            left -= take;
-            if left == 0 {
-                break;
-            }
-        }
         Poll::Ready(Ok(n))
     }
 
@@ -466,7 +429,7 @@ mod tests {
     #[test]
     fn counts_go_to_the_protocol_once_named_and_to_other_otherwise() {
         let counters = WireCounters::default();
-        let (a, _b) = futures_ringbuf_pair();
+        let (a, _b) = memory_streams();
         let mut stream = CountedStream {
             inner: a,
             counters: counters.clone(),
@@ -482,7 +445,7 @@ mod tests {
         let s = counters.snapshot();
         assert_eq!(s.get(WireProtocol::Rpc), (100, hello.len() as u64));
         drop(stream);
-        let (c, _d) = futures_ringbuf_pair();
+        let (c, _d) = memory_streams();
         let mut garbage = CountedStream {
             inner: c,
             counters: counters.clone(),
@@ -496,7 +459,7 @@ mod tests {
     }
 
     /// In-memory streams, as substreams.
-    fn futures_ringbuf_pair() -> (SubstreamBox, SubstreamBox) {
+    fn memory_streams() -> (SubstreamBox, SubstreamBox) {
         let stream = || SubstreamBox::new(futures::io::Cursor::new(Vec::<u8>::new()));
         (stream(), stream())
     }
