@@ -1,6 +1,6 @@
 //! 8 real node processes on loopback in 2 label-permutation clusters: every node's merge partners
 //! come from its own cluster, nodes pull toward their partners' model snapshots, and merging beats
-//! training alone.
+//! training alone (each cluster on average; no node falls behind by more than sampling noise).
 #![allow(clippy::unwrap_used, clippy::print_stdout)]
 
 use kindred_node::config::ExchangeKind;
@@ -13,9 +13,8 @@ fn eight_nodes_two_clusters_merge_within_their_cluster_and_beat_local_training()
     let report = demo::run(DemoOptions {
         nodes: 8,
         clusters: 2,
-        // 20 rounds, as the demo: at 8 a node of one CI run tied its local-only baseline (0.8680
-        // both, on 2,000 held-out digits) and at 12 one fell 0.4 points short, though its cluster
-        // was 1-2 points ahead; at 20 the smallest per-node margin over 16 node-runs was +1.3.
+        // 20 rounds, as the demo: at 8 or 12 a node's margin over local-only is within its
+        // sampling noise (ties and 0.4-point shortfalls were seen while its cluster was ahead).
         rounds: 20,
         round_secs: 3.0,
         seed: 11,
@@ -57,6 +56,37 @@ fn eight_nodes_two_clusters_merge_within_their_cluster_and_beat_local_training()
             n.pulls
         );
     }
+    // Accuracy is measured on 2,000 held-out digits, so one node's figure carries about 0.7 point
+    // of sampling noise. Over 4 runs (32 node-runs, 2026-11-26) the per-node margin over
+    // local-only ranged from -0.65 to +3.45 points, a cluster's mean from +1.04 to +2.36 and the
+    // swarm's from +1.64 to +2.34. So: the swarm beats training alone by a point on average,
+    // each cluster beats it, and no node falls more than a point below its own local-only run.
+    let margin = |nodes: &[&demo::NodeResult]| {
+        nodes
+            .iter()
+            .map(|n| n.acc_kindred - n.acc_local)
+            .sum::<f64>()
+            / nodes.len().max(1) as f64
+    };
+    let all: Vec<_> = report.per_node.iter().collect();
+    assert!(
+        margin(&all) >= 0.01,
+        "Kindred beats local-only by {:+.2} points on average, not 1",
+        100.0 * margin(&all)
+    );
+    for cluster in 0..2 {
+        let nodes: Vec<_> = all
+            .iter()
+            .copied()
+            .filter(|n| n.cluster == cluster)
+            .collect();
+        assert!(!nodes.is_empty(), "cluster {cluster} has no nodes");
+        assert!(
+            margin(&nodes) > 0.0,
+            "cluster {cluster}: Kindred is {:+.2} points from local-only on average",
+            100.0 * margin(&nodes)
+        );
+    }
     for n in &report.per_node {
         assert!(n.partners > 0, "node {} merged with nobody", n.peer);
         assert!(
@@ -66,8 +96,8 @@ fn eight_nodes_two_clusters_merge_within_their_cluster_and_beat_local_training()
             n.purity
         );
         assert!(
-            n.acc_kindred > n.acc_local,
-            "node {}: Kindred {:.4} does not beat local-only {:.4}",
+            n.acc_kindred >= n.acc_local - 0.01,
+            "node {}: Kindred {:.4} is more than a point below local-only {:.4}",
             n.peer,
             n.acc_kindred,
             n.acc_local
