@@ -80,7 +80,7 @@ impl Backend {
     /// (`kernels: CPU backend (no CUDA driver library found)`).
     ///
     /// Never panics: library presence is checked before any CUDA call, and every failure after
-    /// that is a value (see [`crate::cuda::CudaBackend::new`]). Repeated calls reuse the device's
+    /// that is a value (see `cuda::CudaBackend::new`). Repeated calls reuse the device's
     /// compiled kernels.
     ///
     /// ```

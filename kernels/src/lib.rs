@@ -14,7 +14,7 @@
 //! Each kernel has one definition (the [`Kernels`] trait) dispatched through [`Backend`]: a CPU
 //! backend that is always built ([`CpuBackend`]: rayon for large slices, loops shaped so the
 //! compiler vectorises them, and an AVX-512 or AVX2 top-k candidate scan where the CPU has one,
-//! detected at run time) and a CUDA backend ([`cuda::CudaBackend`]) behind the `cuda` feature
+//! detected at run time) and a CUDA backend (`cuda::CudaBackend`) behind the `cuda` feature
 //! and a run-time check ([`Backend::detect`]), so the same binary runs on hosts with and without a
 //! GPU.
 //!
@@ -64,3 +64,8 @@ pub use types::{
     Candidates, CountSketch, Fused, Rounding, SelectMethod, Selection, SimHashOutput, SketchInto,
     Stats,
 };
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -59,7 +59,7 @@ struct Overrides {
     /// Listen multiaddr (repeatable), e.g. /ip4/0.0.0.0/tcp/4001.
     #[arg(long, env = "KINDRED_LISTEN", value_delimiter = ',')]
     listen: Vec<String>,
-    /// Bootstrap peer multiaddr with /p2p/<peer id> (repeatable).
+    /// Bootstrap peer multiaddr with /p2p/PEER_ID (repeatable).
     #[arg(long, env = "KINDRED_BOOTSTRAP", value_delimiter = ',')]
     bootstrap: Vec<String>,
     /// Pre-shared key file: join a private swarm.
