@@ -137,6 +137,7 @@ enum Event {
     Search {
         round: u64,
         found: Vec<(PeerId, f32)>,
+        seconds: f64,
     },
     Model {
         ticket: Ticket,
@@ -188,6 +189,10 @@ pub struct HubRoundStats {
     pub push_bytes: u64,
     /// Bytes of merges received (a member) or served (a hub).
     pub merge_bytes: u64,
+    /// Wall time of each DHT search that ended since the last round's stats (the lookup
+    /// itself, not the wait for the round's announcements), seconds.
+    #[serde(default)]
+    pub search_seconds: Vec<f64>,
 }
 
 /// The persisted part of the driver.
@@ -488,6 +493,7 @@ impl HubDriver {
                     }
                     let wait = not_before.saturating_sub(now_ms());
                     tokio::time::sleep(Duration::from_millis(wait)).await;
+                    let started = std::time::Instant::now();
                     let found = match routing.find_partners(query).await {
                         Ok(p) => p
                             .candidates
@@ -499,7 +505,12 @@ impl HubDriver {
                             Vec::new()
                         }
                     };
-                    Event::Search { round, found }
+                    let seconds = started.elapsed().as_secs_f64();
+                    Event::Search {
+                        round,
+                        found,
+                        seconds,
+                    }
                 }));
             }
             Output::FetchModel { ticket, hub } => {
@@ -779,7 +790,12 @@ impl HubDriver {
         let now = Millis(now_ms());
         match event {
             Event::Done => {}
-            Event::Search { round, found } => {
+            Event::Search {
+                round,
+                found,
+                seconds,
+            } => {
+                self.stats.search_seconds.push(seconds);
                 let headers = found
                     .into_iter()
                     .filter(|(p, _)| *p != self.own)

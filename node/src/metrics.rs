@@ -4,7 +4,12 @@
 //! and lookup durations, partners, loss, accuracy, merge verdicts), and the routing layer's
 //! counters (bytes and messages per exchange kind and direction, rejects by reason, bans, DHT
 //! requests) are copied from the last [`RoutingMetrics`] snapshot at scrape time by a collector,
-//! so routing keeps plain integers and never depends on Prometheus.
+//! so routing keeps plain integers and never depends on Prometheus. Reachability gauges
+//! (connected peers, routing table, bans in force, Kademlia server mode, confirmed external
+//! addresses) are set from the routing task's [`NodeInfo`] after each round.
+//!
+//! `node/dashboards/kindred.json` is a Grafana dashboard over these metrics; the
+//! `kindred-tests` `dashboard` test checks that every metric it queries is exported.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -16,7 +21,10 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicI64, AtomicU64};
+
+use kindred_routing::NodeInfo;
+use kindred_routing::identity_gate::BAD_IDENTITY;
 
 /// One label: a merge verdict (`accepted` or a rejection reason), or a lookup mode.
 type Labels = Vec<(&'static str, String)>;
@@ -30,7 +38,8 @@ pub struct NodeMetrics {
     pub rounds: Counter,
     /// Wall time of a whole round, seconds.
     pub round_seconds: Histogram,
-    /// Wall time of the partner lookup (keys, headers, bodies), seconds.
+    /// Wall time of a partner lookup (keys, headers, bodies) or, in the hub exchange, of a
+    /// DHT search (keys and headers), seconds.
     pub lookup_seconds: Histogram,
     /// Peers merged per round.
     pub partners: Histogram,
@@ -62,6 +71,36 @@ pub struct NodeMetrics {
     pub exchange_cohort: Gauge<i64, std::sync::atomic::AtomicI64>,
     /// Whether the node was its cohort's hub in the last round (1) or not (0).
     pub exchange_is_hub: Gauge<i64, std::sync::atomic::AtomicI64>,
+    /// Reachability, from the routing task's connectivity after the last round
+    /// ([`NodeMetrics::set_reachability`]).
+    reachability: Reachability,
+}
+
+/// Gauges of the node's connectivity, set from a [`NodeInfo`].
+#[derive(Debug, Default)]
+struct Reachability {
+    connected: Gauge<i64, AtomicI64>,
+    routing_table: Gauge<i64, AtomicI64>,
+    banned: Gauge<i64, AtomicI64>,
+    kad_server: Gauge<i64, AtomicI64>,
+    external_addrs: Gauge<i64, AtomicI64>,
+}
+
+/// Label values known in advance, exported at 0 from the start so that every series exists
+/// before its first event (a dashboard or an alert on `rate()` sees 0, not "no data").
+const EXCHANGE_ROLES: [&str; 3] = ["hub", "member", "local"];
+const EXCHANGE_OUTCOMES: [&str; 4] = ["served", "applied", "refused", "missed"];
+const LOOKUP_MODES: [&str; 3] = ["search", "refresh", "follow"];
+
+/// Reject reasons exported at 0 until the first one (the others appear when they first occur):
+/// the forged-packet and wrong-identity rejects an operator watches for.
+fn common_reject_reasons() -> [&'static str; 4] {
+    [
+        kindred_proto::DecodeError::BadSignature.reason(),
+        kindred_proto::DecodeError::BodyHashMismatch.reason(),
+        kindred_proto::rpc::RpcDecodeError::Truncated.reason(),
+        BAD_IDENTITY,
+    ]
 }
 
 impl Default for NodeMetrics {
@@ -163,6 +202,43 @@ impl NodeMetrics {
             "Whether the node was its cohort's hub in the last round",
             exchange_is_hub.clone(),
         );
+        let reachability = Reachability::default();
+        for (name, help, gauge) in [
+            (
+                "connected_peers",
+                "Peers with an open connection",
+                &reachability.connected,
+            ),
+            (
+                "routing_table_peers",
+                "Peers in the Kademlia routing table",
+                &reachability.routing_table,
+            ),
+            ("banned_peers", "Peers banned now", &reachability.banned),
+            (
+                "kademlia_server",
+                "Whether Kademlia runs in server mode, answering other peers' queries (1) or \
+                 client mode (0)",
+                &reachability.kad_server,
+            ),
+            (
+                "external_addresses",
+                "Addresses confirmed reachable from other peers",
+                &reachability.external_addrs,
+            ),
+        ] {
+            registry.register(name, help, gauge.clone());
+        }
+        // Creating a series is enough: it starts at 0.
+        let preset = |family: &Family<Labels, Counter>, label: &'static str, values: &[&str]| {
+            for value in values {
+                let _ = family.get_or_create(&vec![(label, (*value).to_string())]);
+            }
+        };
+        preset(&exchange_rounds, "role", &EXCHANGE_ROLES);
+        preset(&exchange_merges, "outcome", &EXCHANGE_OUTCOMES);
+        preset(&lookups, "mode", &LOOKUP_MODES);
+        preset(&merge_verdicts, "verdict", &["accepted"]);
         registry.register_collector(Box::new(routing.clone()));
         Self {
             registry,
@@ -183,7 +259,19 @@ impl NodeMetrics {
             exchange_bans,
             exchange_cohort,
             exchange_is_hub,
+            reachability,
         }
+    }
+
+    /// Set the reachability gauges from the routing task's connectivity snapshot.
+    pub fn set_reachability(&self, info: &NodeInfo) {
+        let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        let r = &self.reachability;
+        r.connected.set(count(info.connected.len()));
+        r.routing_table.set(count(info.routing_table));
+        r.banned.set(count(info.banned.len()));
+        r.kad_server.set(i64::from(info.kad_server));
+        r.external_addrs.set(count(info.external_addrs.len()));
     }
 
     /// Replace the routing counters shown at the next scrape.
@@ -289,6 +377,11 @@ impl Collector for RoutingSnapshot {
             None,
             counter.metric_type(),
         )?;
+        for reason in common_reject_reasons() {
+            if !m.rejects.contains_key(reason) {
+                ConstCounter::new(0u64).encode(family.encode_family(&[("reason", reason)])?)?;
+            }
+        }
         for (reason, n) in &m.rejects {
             ConstCounter::new(*n).encode(family.encode_family(&[("reason", *reason)])?)?;
         }
@@ -395,11 +488,84 @@ mod tests {
             ),
             "{text}"
         );
+        // Reject reasons known in advance are exported at 0 beside those counted.
+        assert!(
+            text.contains(r#"kindred_rejects_total{reason="bad_identity"} 0"#),
+            "{text}"
+        );
+        assert_eq!(
+            text.matches(r#"kindred_rejects_total{reason="bad_signature"}"#)
+                .count(),
+            1,
+            "{text}"
+        );
         // Every metric family is declared once.
         let mut types: Vec<&str> = text.lines().filter(|l| l.starts_with("# TYPE")).collect();
         let all = types.len();
         types.sort_unstable();
         types.dedup();
         assert_eq!(types.len(), all, "{text}");
+    }
+
+    #[test]
+    fn label_values_known_in_advance_start_at_zero() {
+        let text = NodeMetrics::new().render();
+        for line in [
+            r#"kindred_exchange_rounds_total{role="hub"} 0"#,
+            r#"kindred_exchange_rounds_total{role="member"} 0"#,
+            r#"kindred_exchange_rounds_total{role="local"} 0"#,
+            r#"kindred_exchange_merges_total{outcome="missed"} 0"#,
+            r#"kindred_partner_lookups_total{mode="search"} 0"#,
+            r#"kindred_merge_verdicts_total{verdict="accepted"} 0"#,
+        ] {
+            assert!(text.contains(line), "{line} missing:\n{text}");
+        }
+        // Before the first round there is no routing snapshot, hence no reject series.
+        assert!(!text.contains("kindred_rejects_total"), "{text}");
+    }
+
+    #[test]
+    fn reachability_gauges_follow_the_routing_info() {
+        let m = NodeMetrics::new();
+        let text = m.render();
+        for line in [
+            "kindred_connected_peers 0",
+            "kindred_kademlia_server 0",
+            "kindred_external_addresses 0",
+        ] {
+            assert!(text.contains(line), "{line} missing:\n{text}");
+        }
+        let peers: Vec<libp2p::PeerId> = (0..3).map(|_| libp2p::PeerId::random()).collect();
+        let info = NodeInfo {
+            peer_id: libp2p::PeerId::random(),
+            listen_addrs: Vec::new(),
+            connected: peers.clone(),
+            routing_table: 5,
+            banned: peers[..1].to_vec(),
+            dropped_events: 0,
+            kad_server: true,
+            external_addrs: vec!["/ip4/127.0.0.1/tcp/4001".parse().unwrap()],
+        };
+        m.set_reachability(&info);
+        let text = m.render();
+        for line in [
+            "kindred_connected_peers 3",
+            "kindred_routing_table_peers 5",
+            "kindred_banned_peers 1",
+            "kindred_kademlia_server 1",
+            "kindred_external_addresses 1",
+        ] {
+            assert!(text.contains(line), "{line} missing:\n{text}");
+        }
+        // Back to client mode, every peer gone.
+        m.set_reachability(&NodeInfo {
+            connected: Vec::new(),
+            kad_server: false,
+            external_addrs: Vec::new(),
+            ..info
+        });
+        let text = m.render();
+        assert!(text.contains("kindred_connected_peers 0"), "{text}");
+        assert!(text.contains("kindred_kademlia_server 0"), "{text}");
     }
 }

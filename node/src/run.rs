@@ -627,6 +627,9 @@ async fn publish_round(
     if let Some(rm) = &routing_metrics {
         shared.metrics.set_routing(rm.clone());
     }
+    if let Some(i) = &info {
+        shared.metrics.set_reachability(i);
+    }
     if let Some(bytes) = merged {
         *shared
             .merged
@@ -696,6 +699,12 @@ fn record_exchange(m: &NodeMetrics, stats: &HubRoundStats) {
     }
     if stats.applied.contains("merge") && stats.role == "member" {
         merges("applied").inc();
+    }
+    for &seconds in &stats.search_seconds {
+        m.lookup_seconds.observe(seconds);
+        m.lookups
+            .get_or_create(&vec![("mode", "search".to_string())])
+            .inc();
     }
     m.exchange_pushes.inc_by(stats.pushes_received);
     m.exchange_bans.inc_by(stats.bans);

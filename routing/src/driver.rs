@@ -243,6 +243,8 @@ impl Driver {
                     routing_table,
                     banned: self.core.scores().banned(now).copied().collect(),
                     dropped_events: self.dropped_events,
+                    kad_server: self.swarm.behaviour().kad.mode() == kad::Mode::Server,
+                    external_addrs: self.swarm.external_addresses().cloned().collect(),
                 };
                 let _ = reply.send(info);
             }

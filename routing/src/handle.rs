@@ -110,6 +110,11 @@ pub struct NodeInfo {
     pub banned: Vec<PeerId>,
     /// Events dropped because the event channel was full.
     pub dropped_events: u64,
+    /// Whether Kademlia runs in server mode (answers other peers' queries). Under
+    /// [`crate::KadMode::Auto`] that is once an external address is confirmed.
+    pub kad_server: bool,
+    /// Addresses confirmed reachable from other peers (the swarm's external addresses).
+    pub external_addrs: Vec<Multiaddr>,
 }
 
 /// Why the routing task could not start.

@@ -80,6 +80,9 @@ async fn only_holders_of_the_swarm_key_connect() {
     assert!(info.connected.contains(&member.peer_id()));
     assert!(!info.connected.contains(&stranger.peer_id()));
     assert!(!info.connected.contains(&public.peer_id()));
+    // No external address configured or confirmed: Kademlia stays a client (`KadMode::Auto`).
+    assert!(info.external_addrs.is_empty(), "{info:?}");
+    assert!(!info.kad_server, "{info:?}");
 
     for h in [host, member, stranger, public] {
         h.shutdown().await;
