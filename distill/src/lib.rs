@@ -76,3 +76,8 @@ pub use state::{DistillerState, STATE_VERSION};
 pub use synth::{
     MergeRule, Rejection, SynthConfig, Synthesis, UpdateRef, Verdict, cap_samples, synthesize,
 };
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

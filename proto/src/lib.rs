@@ -131,3 +131,8 @@ impl OutcomePacket {
         self.header.id()
     }
 }
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -83,3 +83,8 @@ pub use lookup::{
 pub use metrics::RoutingMetrics;
 pub use snapshot::{SnapshotError, SnapshotFetchId};
 pub use store::{MemoryStore, PacketStore};
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -12,3 +12,8 @@ mod task;
 pub use mnist::{CANONICAL_URL, CLASSES, DataError, Mnist, PIXELS, TEST_IMAGES, TEST_LABELS};
 pub use model::{Arch, Model, ModelError, TrainConfig, TrainStats};
 pub use task::{Examples, Rotation, Split, Task};
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
