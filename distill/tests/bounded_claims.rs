@@ -1,5 +1,5 @@
 //! A peer's claimed sample count buys at most `max_samples_ratio` median peers of weight
-//! (issue 29, "bounded claims"): a header claiming `u64::MAX` or `MAX_SAMPLES` cannot drown
+//! ("bounded claims"): a header claiming `u64::MAX` or `MAX_SAMPLES` cannot drown
 //! the own update and the honest peers, and honest equal claims merge exactly as before.
 
 #![allow(clippy::unwrap_used)]

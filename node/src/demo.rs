@@ -233,18 +233,10 @@ pub fn run(opts: DemoOptions) -> anyhow::Result<DemoReport> {
     }
 
     // Local-only baseline, computed while the swarm runs.
-    let split = Split::new(mnist.len(), 0.2, opts.seed);
     let mut local = vec![0f64; opts.nodes];
     for (i, (_, c)) in configs.iter().enumerate() {
-        let task = c.trainer.task();
-        let train = Examples::new(&mnist, &split.shard(i, opts.nodes), task);
-        let eval = Examples::new(&mnist, &split.eval, task);
-        let mut model = Model::new(c.trainer.model.arch(), opts.seed)?;
-        let mut rng = StdRng::seed_from_u64(opts.seed ^ (i as u64) << 32);
-        for _ in 0..opts.rounds {
-            model.train(&train, &c.trainer.train(), &mut rng)?;
-        }
-        local[i] = f64::from(model.accuracy(&eval)?);
+        let rng_seed = opts.seed ^ (i as u64) << 32;
+        local[i] = local_only_accuracy(&mnist, &c.trainer, opts.rounds, rng_seed)?;
     }
 
     // Nodes stop by themselves after their rounds; allow generous slack for start-up.
@@ -524,6 +516,30 @@ pub fn print(r: &DemoReport, json: bool) {
             })
         );
     }
+}
+
+/// Held-out accuracy of **local-only training**: the model, seed, shard, task and steps per
+/// round of `trainer`, trained alone for `rounds` rounds (minibatches drawn with `rng_seed`),
+/// never merging. The baseline a node's accuracy is compared with.
+///
+/// # Errors
+/// When the model cannot be built or trained.
+pub fn local_only_accuracy(
+    mnist: &Mnist,
+    trainer: &TrainerConfig,
+    rounds: u64,
+    rng_seed: u64,
+) -> anyhow::Result<f64> {
+    let split = Split::new(mnist.len(), crate::engine::EVAL_FRACTION, trainer.seed);
+    let task = trainer.task();
+    let train = Examples::new(mnist, &split.shard(trainer.shard, trainer.shards), task);
+    let eval = Examples::new(mnist, &split.eval, task);
+    let mut model = Model::new(trainer.model.arch(), trainer.seed)?;
+    let mut rng = StdRng::seed_from_u64(rng_seed);
+    for _ in 0..rounds {
+        model.train(&train, &trainer.train(), &mut rng)?;
+    }
+    Ok(f64::from(model.accuracy(&eval)?))
 }
 
 /// GET `path` from a node's local API.

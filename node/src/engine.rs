@@ -34,7 +34,7 @@ use crate::store::{RoundState, Store};
 use crate::trainer::{Examples, Mnist, Model, Split, TrainConfig};
 
 /// Fraction of the digits held out for evaluation.
-const EVAL_FRACTION: f64 = 0.2;
+pub(crate) const EVAL_FRACTION: f64 = 0.2;
 
 /// Why the engine failed.
 #[derive(Debug, thiserror::Error)]

@@ -981,7 +981,7 @@ impl HubDriver {
         let synthesis = {
             let mut s = synthesis;
             let raw = s.merged.clone();
-            adversary::tamper(&mut s.merged);
+            adversary::tamper(&mut s.merged, &self.spec);
             (s, raw)
         };
         #[cfg(feature = "adversary")]
@@ -1167,17 +1167,46 @@ fn restore(
 /// A lying hub, for adversarial tests only (feature `adversary`).
 #[cfg(feature = "adversary")]
 mod adversary {
+    use kindred_proto::ModelSpec;
+
     /// Corrupt a hub's merge before it is distilled and served, as `KINDRED_ADVERSARY` says:
-    /// `flip` negates it, `scale` multiplies it by 10; anything else leaves it.
-    pub(super) fn tamper(update: &mut [f32]) {
-        let factor = match std::env::var("KINDRED_ADVERSARY").as_deref() {
-            Ok("flip") => -1.0,
-            Ok("scale") => 10.0,
-            _ => return,
-        };
-        for x in update {
-            *x *= factor;
+    /// `flip` negates it, `scale` multiplies it by 10, `foreign` makes it another task's merge;
+    /// anything else leaves it.
+    pub(super) fn tamper(update: &mut [f32], spec: &ModelSpec) {
+        match std::env::var("KINDRED_ADVERSARY").as_deref() {
+            Ok("flip") => update.iter_mut().for_each(|x| *x = -*x),
+            Ok("scale") => update.iter_mut().for_each(|x| *x *= 10.0),
+            Ok("foreign") => relabel(update, spec),
+            _ => {}
         }
+    }
+
+    /// The merge of the next label-shift task (`y → y + 1`, as the demo's clusters): the
+    /// output layer's rows, weights and bias, rolled by one class, so the update teaches label
+    /// `y + 1` what the cohort's taught label `y`. Left as it is if the model does not end in
+    /// a `[classes, hidden]` weight and a `[classes]` bias.
+    fn relabel(update: &mut [f32], spec: &ModelSpec) {
+        let layers = spec.layers();
+        let [.., weight, bias] = layers else {
+            return;
+        };
+        let (&[classes, hidden], &[bias_len]) = (weight.shape(), bias.shape()) else {
+            return;
+        };
+        if classes != bias_len {
+            return;
+        }
+        let total = update.len();
+        let (w, b) = (weight.numel() as usize, bias.numel() as usize);
+        let Some(start) = total.checked_sub(w + b) else {
+            return;
+        };
+        let Some(tail) = update.get_mut(start..) else {
+            return;
+        };
+        let (weights, biases) = tail.split_at_mut(w);
+        weights.rotate_right(hidden as usize);
+        biases.rotate_right(1);
     }
 }
 

@@ -1,4 +1,4 @@
-//! Regression tests for the hostile-input audit (issue 29): forged signatures under small-order
+//! Regression tests for the hostile-input audit: forged signatures under small-order
 //! keys, inflated claims, and non-canonical encodings that gave one signed header several ids.
 //!
 //! Headers here are built by a second, independent encoder of the v1 layout that can pad any

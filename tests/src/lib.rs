@@ -272,6 +272,62 @@ pub fn node_config(
     }
 }
 
+/// Held-out accuracy of local-only training with the trainer of the node in `dir` (its
+/// `kindred.toml`) for `rounds` rounds: the baseline a node that merges must beat
+/// (`kindred_node::demo::local_only_accuracy`).
+///
+/// # Panics
+/// When the config or MNIST cannot be read, or the model cannot be trained.
+pub fn local_only(dir: &Path, rounds: u64) -> f64 {
+    let config = NodeConfig::load(dir).unwrap_or_else(|e| panic!("reading the config: {e}"));
+    let mnist = kindred_node::trainer::Mnist::load().unwrap_or_else(|e| panic!("MNIST: {e}"));
+    let rng_seed = config.trainer.seed ^ (config.trainer.shard as u64) << 32;
+    kindred_node::demo::local_only_accuracy(&mnist, &config.trainer, rounds, rng_seed)
+        .unwrap_or_else(|e| panic!("local-only training: {e}"))
+}
+
+/// Every node of `nodes` ends ahead of training alone: each node's last accuracy is compared
+/// with [`local_only`] over as many rounds as it trained (before a restart too). One node's accuracy on 2,000
+/// held-out digits carries about 0.7 point of sampling noise, so the nodes' mean margin must be
+/// positive and no node may fall more than a point below its own baseline.
+///
+/// # Panics
+/// When that does not hold, or a node has no status.
+#[allow(clippy::print_stdout)] // the margins are the test's report
+pub fn assert_beats_local_only<'a>(nodes: impl IntoIterator<Item = &'a NodeProc>) {
+    let mut margins = Vec::new();
+    for node in nodes {
+        let s = node
+            .status()
+            .unwrap_or_else(|| panic!("no status:\n{}", node.log()));
+        let acc = s
+            .history
+            .last()
+            .and_then(|r| r.accuracy)
+            .map_or(0.0, f64::from);
+        // Rounds trained: this run's, and those before a restart (one update distilled each).
+        let rounds = s.history.len() as u64 + s.restored.as_ref().map_or(0, |r| r.distiller_round);
+        let local = local_only(&node.dir, rounds);
+        println!(
+            "node {}: {acc:.4} after {rounds} rounds, local-only {local:.4} ({:+.2} points)",
+            node.peer,
+            100.0 * (acc - local)
+        );
+        assert!(
+            acc >= local - 0.01,
+            "node {}: {acc:.4} is more than a point below local-only {local:.4}",
+            node.peer
+        );
+        margins.push(acc - local);
+    }
+    let mean = margins.iter().sum::<f64>() / margins.len().max(1) as f64;
+    assert!(
+        mean > 0.0,
+        "the nodes are {:+.2} points from local-only on average",
+        100.0 * mean
+    );
+}
+
 /// After a restart of `node`: its API comes up with identity `peer`, a checkpoint at or past
 /// `round` with its distiller state, and its exchange state restored (logged when the exchange
 /// driver starts, after the API), and nothing in its log says a record did not read back.
@@ -311,12 +367,13 @@ pub fn assert_restored(
 }
 
 /// Start `n` node processes under `dir` (`node0`, `node1`, ...) on network `network`, node
-/// `i` in label cluster `i % 2` with training shard `i` of `n`, every node but the first
-/// bootstrapping from the first.
+/// `i` in label cluster `i % 2` with training shard `i` of `2n`, every node but the first
+/// bootstrapping from the first. A node holds little data (a 2n-th of the digits), so merging
+/// with its cluster pays and a test can ask every node to end ahead of training alone.
 pub fn start_two_clusters(dir: &Path, network: &str, n: usize, round_secs: f64) -> Vec<NodeProc> {
     let mut nodes: Vec<NodeProc> = Vec::new();
     for i in 0..n {
-        let mut c = node_config(network, (i % 2) as u8, i, n, round_secs);
+        let mut c = node_config(network, (i % 2) as u8, i, 2 * n, round_secs);
         if let Some(first) = nodes.first() {
             c.bootstrap = vec![first.bootstrap_addr()];
         }

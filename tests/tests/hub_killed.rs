@@ -1,13 +1,14 @@
 //! The hub of a cohort is killed (`kill -9`) mid-round: its members still finish every round
 //! before the deadline, the cohort has a new hub within 3 rounds, and the old hub, restarted
-//! with its store, rejoins the swarm and keeps its exchange state.
+//! with its store, rejoins the swarm and keeps its exchange state; every node ends ahead of
+//! training alone.
 #![allow(clippy::unwrap_used, clippy::print_stdout)]
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
 use kindred_node::api::Status;
-use kindred_tests::{NodeProc, TempDir, start_two_clusters, wait_for};
+use kindred_tests::{NodeProc, TempDir, assert_beats_local_only, start_two_clusters, wait_for};
 
 const ROUND_SECS: f64 = 3.0;
 const NODES: usize = 8;
@@ -113,6 +114,9 @@ fn a_killed_hub_is_replaced_and_its_members_never_miss_a_round() {
     );
     let (role, _) = role_and_hub(&back).unwrap();
     assert!(role == "hub" || role == "member", "rejoined as {role}");
+
+    // Every node, the restarted hub included, ends ahead of training alone.
+    assert_beats_local_only(&nodes);
 
     for node in &mut nodes {
         assert_eq!(node.terminate(Duration::from_secs(20)), Some(0));

@@ -1,18 +1,24 @@
-//! A hostile node that trains like its cohort, ranks lowest (so it becomes the cohort's hub), and
-//! serves sign-flipped merges (`KINDRED_ADVERSARY=flip`, the node's `adversary` feature): no
-//! honest member ever applies one; a member that receives one refuses it (a strike) and leaves
-//! it, bans it at a second refusal (the next round, or when it relearns the liar later), never
-//! names it after the ban, and goes on merging with honest hubs.
-#![allow(clippy::unwrap_used, clippy::print_stdout)]
+//! A hostile node that trains like its cohort, ranks lowest (so it becomes the cohort's hub),
+//! and serves corrupted merges (the node's `adversary` feature, `KINDRED_ADVERSARY`): sign-flipped
+//! (`flip`) or 10x (`scale`); another task's (`foreign`: the output layer's rows rolled by one
+//! class, the merge of the next label-shift task) is an open case, its test ignored. No honest
+//! member ever applies a flipped or scaled merge; a member
+//! that receives one refuses it (a strike) and leaves it, bans it at a second refusal (the next
+//! round, or when it relearns the liar later), never names it after the ban, goes on merging with
+//! honest hubs, and ends ahead of training alone.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use kindred_routing::exchange::ExchangeConfig;
 use kindred_routing::hub_rank_at;
-use kindred_tests::{NodeProc, TempDir, node_config, wait_for};
+use kindred_tests::{NodeProc, TempDir, assert_beats_local_only, node_config, wait_for};
 
 const ROUND_SECS: f64 = 2.0;
 const HONEST: usize = 4;
+/// As in the demo, each node holds 1/16 of the training digits: a cohort of four then holds
+/// four times a node's own data, which is what merging is worth against training alone.
+const SHARDS: usize = 16;
 
 /// A peer's hub rank in rank window `window`, as every node computes it.
 fn rank(peer: &str, window: u64) -> u64 {
@@ -20,12 +26,39 @@ fn rank(peer: &str, window: u64) -> u64 {
     hub_rank_at(&id.to_bytes(), window)
 }
 
+/// One liar at a time: each test runs five node processes on loopback.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn a_hub_serving_flipped_merges_is_refused_and_left() {
-    let dir = TempDir::new("liar");
+    a_lying_hub_is_refused_and_left("flip");
+}
+
+#[test]
+fn a_hub_serving_scaled_merges_is_refused_and_left() {
+    a_lying_hub_is_refused_and_left("scale");
+}
+
+/// Open: members apply these merges. A merge whose output layer is rolled by one class keeps
+/// the update's direction (the first layer dominates it) and, in one round, costs a member's
+/// shard no more than an honest merge does (measured in `kindred-sim learn --nodes 64`, seeds
+/// 1-2 of iid, label and rotation: an honest merge scored 0.05-0.17 below the member's own
+/// step on its shard at the 1st percentile, a rolled one 0.02-0.07 below at the median), so no
+/// check of a single merge separates them.
+#[test]
+#[ignore = "open: no per-merge check separates another task's merge (BENCHMARKS.md, hostile inputs)"]
+fn a_hub_serving_another_tasks_merges_is_refused_and_left() {
+    a_lying_hub_is_refused_and_left("foreign");
+}
+
+fn a_lying_hub_is_refused_and_left(attack: &str) {
+    let _one = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let dir = TempDir::new(&format!("liar-{attack}"));
     let mut nodes: Vec<NodeProc> = Vec::new();
     for i in 0..HONEST {
-        let mut c = node_config("liar-test", 0, i, HONEST + 1, ROUND_SECS);
+        let mut c = node_config("liar-test", 0, i, SHARDS, ROUND_SECS);
         if let Some(first) = nodes.first() {
             c.bootstrap = vec![first.bootstrap_addr()];
         }
@@ -48,7 +81,7 @@ fn a_hub_serving_flipped_merges_is_refused_and_left() {
         std::thread::sleep(Duration::from_millis(left * round_ms + 100));
     }
     let window = now_round() / rank_window;
-    let mut config = node_config("liar-test", 0, HONEST, HONEST + 1, ROUND_SECS);
+    let mut config = node_config("liar-test", 0, HONEST, SHARDS, ROUND_SECS);
     config.bootstrap = vec![nodes[0].bootstrap_addr()];
     let mut liar = None;
     for attempt in 0..200 {
@@ -65,8 +98,8 @@ fn a_hub_serving_flipped_merges_is_refused_and_left() {
     for node in &mut nodes {
         node.start();
     }
-    liar.start_with_env(&[("KINDRED_ADVERSARY", "flip")]);
-    println!("liar {}", liar.peer);
+    liar.start_with_env(&[("KINDRED_ADVERSARY", attack)]);
+    println!("liar ({attack}) {}", liar.peer);
 
     // Ten rounds past the honest nodes' local rounds and first searches.
     for node in &nodes {
@@ -149,4 +182,7 @@ fn a_hub_serving_flipped_merges_is_refused_and_left() {
         refusals > 0,
         "no honest node ever refused a merge of the liar"
     );
+
+    // Every honest member ends ahead of training alone.
+    assert_beats_local_only(&nodes);
 }

@@ -1,4 +1,4 @@
-//! One signed content, one encoding (issue 29, item 2): whatever header the decoder accepts must
+//! One signed content, one encoding: whatever header the decoder accepts must
 //! re-encode to exactly the bytes received, so it has exactly one packet id.
 //!
 //! Random bytes almost never carry a valid signature, so besides decoding the input as-is, the

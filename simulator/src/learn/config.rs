@@ -289,7 +289,7 @@ impl PolicySpec {
         }
     }
 
-    /// The five policies of issue 7 (Kindred, random gossip with `fanout` peers, all-reduce,
+    /// The five standard policies (Kindred, random gossip with `fanout` peers, all-reduce,
     /// local, oracle).
     pub fn standard(fanout: usize) -> Vec<Self> {
         vec![
@@ -450,8 +450,7 @@ pub struct HubConfig {
     /// each other and those of different rotations at 0.75 at most (`kindred-sim learn
     /// --setting rotation --policies local`, seeds 1, 2, 5, 8), and the hub's model is
     /// informative for the data check ([`HubConfig::min_gain_share`]): purity is 1.000 from the
-    /// first exchange round on 16 seeds of rotation and label, and accuracy is as high
-    /// (BENCHMARKS.md, eighteenth session).
+    /// first exchange round on 16 seeds of rotation and label, and accuracy is as high.
     pub local_rounds: u64,
     /// The band keys searched. Default 3 bands of 4 bits: few keys, each so wide that nearly
     /// every peer of the task shares one (a band of 4 bits matches a peer at sketch cosine 0.9

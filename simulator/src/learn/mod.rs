@@ -6,7 +6,7 @@
 //! merge rule) runs on its own copy of the nodes from the same initial model, shards and
 //! minibatches; [`LearnReport`] holds per-round accuracy, traffic, partners and purity per policy.
 //! The building blocks (settings, compression policies, hostile nodes) are public so that
-//! experiments (issue 8) can compose their own tables from the same loop.
+//! experiments (`kindred-sim experiment`) can compose their own tables from the same loop.
 //!
 //! Data: MNIST's 10,000 test digits (the only part shipped with Kindred), split into training and
 //! held-out evaluation digits; every task cluster uses the whole training part under its own
