@@ -56,17 +56,7 @@ fn a_lying_hub_is_refused_and_left(attack: &str) {
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let dir = TempDir::new(&format!("liar-{attack}"));
-    let mut nodes: Vec<NodeProc> = Vec::new();
-    for i in 0..HONEST {
-        let mut c = node_config("liar-test", 0, i, SHARDS, ROUND_SECS);
-        if let Some(first) = nodes.first() {
-            c.bootstrap = vec![first.bootstrap_addr()];
-        }
-        nodes.push(NodeProc::init(dir.path().join(format!("node{i}")), c));
-    }
-    // The liar's identity: re-drawn until it ranks below every honest node in the rank window
-    // the test runs in (an attacker grinding keys, which ranks by window make a per-window
-    // effort). Near a window's end, the test waits for the next one.
+    // The rank window the test runs in; near a window's end, the test waits for the next one.
     let rank_window = ExchangeConfig::default().rank_window;
     let round_ms = (ROUND_SECS * 1000.0) as u64;
     let now_round = || {
@@ -81,6 +71,25 @@ fn a_lying_hub_is_refused_and_left(attack: &str) {
         std::thread::sleep(Duration::from_millis(left * round_ms + 100));
     }
     let window = now_round() / rank_window;
+    // Honest identities outside the lowest twentieth of ranks, so that the liar's grinding
+    // below (an identity under all of them) succeeds within its draws: from a twentieth, 200
+    // draws all miss with probability 4e-5.
+    let mut nodes: Vec<NodeProc> = Vec::new();
+    let mut draws = 0;
+    while nodes.len() < HONEST {
+        let i = nodes.len();
+        let mut c = node_config("liar-test", 0, i, SHARDS, ROUND_SECS);
+        if let Some(first) = nodes.first() {
+            c.bootstrap = vec![first.bootstrap_addr()];
+        }
+        let node = NodeProc::init(dir.path().join(format!("node{i}-{draws}")), c);
+        draws += 1;
+        if rank(&node.peer, window) >= u64::MAX / 20 {
+            nodes.push(node);
+        }
+    }
+    // The liar's identity: re-drawn until it ranks below every honest node (an attacker
+    // grinding keys, which ranks by window make a per-window effort).
     let mut config = node_config("liar-test", 0, HONEST, SHARDS, ROUND_SECS);
     config.bootstrap = vec![nodes[0].bootstrap_addr()];
     let mut liar = None;
