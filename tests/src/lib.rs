@@ -224,6 +224,19 @@ impl NodeProc {
         }
     }
 
+    /// SIGTERM, and a clean exit (code 0) within 30 s.
+    ///
+    /// # Panics
+    /// When the node exits otherwise, with its log.
+    pub fn stop_cleanly(&mut self) {
+        assert_eq!(
+            self.terminate(Duration::from_secs(30)),
+            Some(0),
+            "clean exit:\n{}",
+            self.log()
+        );
+    }
+
     /// The node's log so far (for failure messages).
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("node.log")).unwrap_or_default()

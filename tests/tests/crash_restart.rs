@@ -70,12 +70,7 @@ fn killed_nodes_restart_with_identity_round_and_residuals() {
 
     // Graceful shutdown: SIGTERM, clean exit, summary written.
     for node in &mut nodes {
-        assert_eq!(
-            node.terminate(Duration::from_secs(30)),
-            Some(0),
-            "clean exit:\n{}",
-            node.log()
-        );
+        node.stop_cleanly();
         assert!(node.dir.join("summary.json").is_file());
     }
 }

@@ -119,6 +119,6 @@ fn a_killed_hub_is_replaced_and_its_members_never_miss_a_round() {
     assert_beats_local_only(&nodes);
 
     for node in &mut nodes {
-        assert_eq!(node.terminate(Duration::from_secs(20)), Some(0));
+        node.stop_cleanly();
     }
 }

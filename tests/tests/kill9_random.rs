@@ -95,12 +95,7 @@ fn kill_and_restart(seed: u64) {
         assert!(s.is_some(), "node {i} stopped its rounds:\n{}", node.log());
     }
     for node in &mut nodes {
-        assert_eq!(
-            node.terminate(Duration::from_secs(30)),
-            Some(0),
-            "clean exit:\n{}",
-            node.log()
-        );
+        node.stop_cleanly();
     }
 }
 
