@@ -235,8 +235,7 @@ pub fn run(opts: DemoOptions) -> anyhow::Result<DemoReport> {
     // Local-only baseline, computed while the swarm runs.
     let mut local = vec![0f64; opts.nodes];
     for (i, (_, c)) in configs.iter().enumerate() {
-        let rng_seed = opts.seed ^ (i as u64) << 32;
-        local[i] = local_only_accuracy(&mnist, &c.trainer, opts.rounds, rng_seed)?;
+        local[i] = local_only_accuracy(&mnist, &c.trainer, opts.rounds)?;
     }
 
     // Nodes stop by themselves after their rounds; allow generous slack for start-up.
@@ -519,8 +518,8 @@ pub fn print(r: &DemoReport, json: bool) {
 }
 
 /// Held-out accuracy of **local-only training**: the model, seed, shard, task and steps per
-/// round of `trainer`, trained alone for `rounds` rounds (minibatches drawn with `rng_seed`),
-/// never merging. The baseline a node's accuracy is compared with.
+/// round of `trainer`, trained alone for `rounds` rounds (minibatches drawn from the seed and
+/// the shard), never merging. The baseline a node's accuracy is compared with.
 ///
 /// # Errors
 /// When the model cannot be built or trained.
@@ -528,14 +527,13 @@ pub fn local_only_accuracy(
     mnist: &Mnist,
     trainer: &TrainerConfig,
     rounds: u64,
-    rng_seed: u64,
 ) -> anyhow::Result<f64> {
     let split = Split::new(mnist.len(), crate::engine::EVAL_FRACTION, trainer.seed);
     let task = trainer.task();
     let train = Examples::new(mnist, &split.shard(trainer.shard, trainer.shards), task);
     let eval = Examples::new(mnist, &split.eval, task);
     let mut model = Model::new(trainer.model.arch(), trainer.seed)?;
-    let mut rng = StdRng::seed_from_u64(rng_seed);
+    let mut rng = StdRng::seed_from_u64(trainer.seed ^ (trainer.shard as u64) << 32);
     for _ in 0..rounds {
         model.train(&train, &trainer.train(), &mut rng)?;
     }

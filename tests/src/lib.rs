@@ -285,29 +285,17 @@ pub fn node_config(
     }
 }
 
-/// Held-out accuracy of local-only training with the trainer of the node in `dir` (its
-/// `kindred.toml`) for `rounds` rounds: the baseline a node that merges must beat
-/// (`kindred_node::demo::local_only_accuracy`).
-///
-/// # Panics
-/// When the config or MNIST cannot be read, or the model cannot be trained.
-pub fn local_only(dir: &Path, rounds: u64) -> f64 {
-    let config = NodeConfig::load(dir).unwrap_or_else(|e| panic!("reading the config: {e}"));
-    let mnist = kindred_node::trainer::Mnist::load().unwrap_or_else(|e| panic!("MNIST: {e}"));
-    let rng_seed = config.trainer.seed ^ (config.trainer.shard as u64) << 32;
-    kindred_node::demo::local_only_accuracy(&mnist, &config.trainer, rounds, rng_seed)
-        .unwrap_or_else(|e| panic!("local-only training: {e}"))
-}
-
 /// Every node of `nodes` ends ahead of training alone: each node's last accuracy is compared
-/// with [`local_only`] over as many rounds as it trained (before a restart too). One node's accuracy on 2,000
-/// held-out digits carries about 0.7 point of sampling noise, so the nodes' mean margin must be
-/// positive and no node may fall more than a point below its own baseline.
+/// with local-only training on its own config (`kindred_node::demo::local_only_accuracy`) for as
+/// many rounds as it trained, before a restart too. One node's accuracy on 2,000 held-out
+/// digits carries about 0.7 point of sampling noise, so the nodes' mean margin must be positive
+/// and no node may fall more than a point below its own baseline.
 ///
 /// # Panics
-/// When that does not hold, or a node has no status.
+/// When that does not hold, a node has no status or config, or MNIST cannot be read.
 #[allow(clippy::print_stdout)] // the margins are the test's report
 pub fn assert_beats_local_only<'a>(nodes: impl IntoIterator<Item = &'a NodeProc>) {
+    let mnist = kindred_node::trainer::Mnist::load().unwrap_or_else(|e| panic!("MNIST: {e}"));
     let mut margins = Vec::new();
     for node in nodes {
         let s = node
@@ -320,7 +308,9 @@ pub fn assert_beats_local_only<'a>(nodes: impl IntoIterator<Item = &'a NodeProc>
             .map_or(0.0, f64::from);
         // Rounds trained: this run's, and those before a restart (one update distilled each).
         let rounds = s.history.len() as u64 + s.restored.as_ref().map_or(0, |r| r.distiller_round);
-        let local = local_only(&node.dir, rounds);
+        let config = NodeConfig::load(&node.dir).unwrap_or_else(|e| panic!("config: {e}"));
+        let local = kindred_node::demo::local_only_accuracy(&mnist, &config.trainer, rounds)
+            .unwrap_or_else(|e| panic!("local-only training: {e}"));
         println!(
             "node {}: {acc:.4} after {rounds} rounds, local-only {local:.4} ({:+.2} points)",
             node.peer,

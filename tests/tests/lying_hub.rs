@@ -42,7 +42,7 @@ fn a_hub_serving_scaled_merges_is_refused_and_left() {
 /// Open: members apply these merges. A merge whose output layer is rolled by one class keeps
 /// the update's direction (the first layer dominates it) and, in one round, costs a member's
 /// shard no more than an honest merge does (measured in `kindred-sim learn --nodes 64`, seeds
-/// 1-2 of iid, label and rotation: an honest merge scored 0.05-0.17 below the member's own
+/// 1-2 of iid, label and rotation: an honest merge scored 0.05-0.14 below the member's own
 /// step on its shard at the 1st percentile, a rolled one 0.02-0.07 below at the median), so no
 /// check of a single merge separates them.
 #[test]
