@@ -234,6 +234,9 @@ pub struct HubDriver {
     own_header: Option<(kindred_proto::VerifiedHeader, Vec<f32>)>,
     /// When the round's searches may look up ([`SEARCH_AFTER`]).
     search_after: u64,
+    /// How long after its own announcement a search waits before it looks up
+    /// ([`SEARCH_MARGIN`] of the round).
+    search_margin: u64,
     finished: Option<RoundReport<PeerId, Handle>>,
     stats: HubRoundStats,
 }
@@ -291,6 +294,7 @@ impl HubDriver {
             current: None,
             own_header: None,
             search_after: 0,
+            search_margin: 0,
             finished: None,
             stats: HubRoundStats::default(),
         })
@@ -314,6 +318,7 @@ impl HubDriver {
         self.finished = None;
         let deadline_ms = start_ms + (round_ms as f64 * DEADLINE_SHARE) as u64;
         self.search_after = start_ms + (round_ms as f64 * SEARCH_AFTER) as u64;
+        self.search_margin = (round_ms as f64 * SEARCH_MARGIN) as u64;
         let window = self.core.window_of(round);
         if window != self.core.rank_window() {
             self.core.rerank(window, |p| rank(p, window));
@@ -472,7 +477,11 @@ impl HubDriver {
         output: Output<PeerId, Handle>,
     ) -> Result<(), HubError> {
         match output {
-            Output::Search { round, announce } => {
+            Output::Search {
+                round,
+                announce,
+                probes,
+            } => {
                 let routing = self.routing.clone();
                 let Some((header, margins)) = self.own_header.clone() else {
                     self.core.handle(
@@ -486,20 +495,42 @@ impl HubDriver {
                 };
                 let mut query = PartnerQuery::new(header.clone(), margins, self.spec.clone());
                 query.top_m = Some(0);
-                let not_before = self.search_after;
+                query.probes = Some(probes);
+                let (not_before, margin) = (self.search_after, self.search_margin);
                 self.ops.push(Box::pin(async move {
-                    if announce && let Err(e) = routing.announce(header).await {
-                        tracing::warn!(round, error = %e, "announce failed");
+                    if announce {
+                        match routing.announce(header).await {
+                            Ok(_) => tracing::debug!(round, "announced"),
+                            Err(e) => tracing::warn!(round, error = %e, "announce failed"),
+                        }
                     }
-                    let wait = not_before.saturating_sub(now_ms());
+                    // Peers that trained a little longer announce a little later: a lookup
+                    // made the moment this node's own packet is out misses them.
+                    let wait = not_before
+                        .max(now_ms().saturating_add(margin))
+                        .saturating_sub(now_ms());
                     tokio::time::sleep(Duration::from_millis(wait)).await;
                     let started = std::time::Instant::now();
-                    let found = match routing.find_partners(query).await {
-                        Ok(p) => p
-                            .candidates
-                            .iter()
-                            .map(|c| (c.header.header().sender, c.cosine))
-                            .collect(),
+                    let found: Vec<(PeerId, f32)> = match routing.find_partners(query).await {
+                        Ok(p) => {
+                            let s = &p.stats;
+                            tracing::debug!(
+                                round,
+                                announce,
+                                probes,
+                                keys = s.key_lookups,
+                                providers = s.providers,
+                                headers = s.headers_accepted,
+                                candidates = p.candidates.len(),
+                                best = p.candidates.first().map(|c| c.cosine),
+                                timed_out = s.timed_out,
+                                "search done"
+                            );
+                            p.candidates
+                                .iter()
+                                .map(|c| (c.header.header().sender, c.cosine))
+                                .collect()
+                        }
                         Err(e) => {
                             tracing::warn!(round, error = %e, "search failed");
                             Vec::new()
@@ -1231,6 +1262,12 @@ pub fn exchange_config(round_ms: u64) -> ExchangeConfig {
 /// announcements before its lookups). A node announcing later than this is found in a later
 /// search, or through a view.
 pub const SEARCH_AFTER: f64 = 0.15;
+/// A search looks up no sooner than this share of the round after the node's packet is out
+/// (and announced): the swarm's nodes finish training at different times, and a node that
+/// looked up the moment it announced missed the announcements of its task's slower nodes
+/// round after round (in 8 real nodes on 2 cores, training took 80-90% of a 3-s round, and
+/// its task's hub announced 0.1 s after a lone node's lookups in two rounds in a row).
+pub const SEARCH_MARGIN: f64 = 0.1;
 /// When the core stops waiting for a search, in thousandths of the round (the core's default
 /// is 250): the lookup starts at [`SEARCH_AFTER`].
 const SEARCH_PERMILLE: u16 = 400;

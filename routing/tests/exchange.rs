@@ -222,7 +222,9 @@ impl Net {
         let me = self.node(i);
         let (task, hostile) = (me.task, me.hostile);
         match out {
-            Output::Search { round, announce } => {
+            Output::Search {
+                round, announce, ..
+            } => {
                 if announce {
                     self.announced.insert(i);
                 }

@@ -271,13 +271,18 @@ pub struct RoundReport<P, M> {
 #[derive(Debug, Clone)]
 #[must_use = "outputs must be carried out by the driver"]
 pub enum Output<P, M> {
-    /// Search the band keys of the node's own packet: look them up, and announce them too if
+    /// Search the band keys of the node's own packet: look them up, with the first `probes`
+    /// multi-probe keys ([`crate::ProbeSequence`]), and announce the band keys too if
     /// `announce`; report with [`Input::SearchDone`].
     Search {
         /// The round.
         round: u64,
         /// Announce as well as look up.
         announce: bool,
+        /// Multi-probe keys to look up besides the band keys ([`ExchangeConfig::probes`]).
+        ///
+        /// [`ExchangeConfig::probes`]: super::ExchangeConfig::probes
+        probes: usize,
     },
     /// Fetch `hub`'s model; report with [`Input::ModelReceived`].
     FetchModel {

@@ -12,7 +12,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
     pub(super) fn packet_ready(&mut self, now: Millis, round: u64, packet: M) {
         let exchange_round = self.exchange_round(round);
         let alone = self.view.hub() == *self.view.own();
-        let knows_nobody = self.view.cohort().is_empty();
+        let knows = self.view.cohort().len();
         let cfg = &self.config;
         let Some(r) = current(&mut self.round, round) else {
             return;
@@ -34,14 +34,26 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
         let every = cfg.search_every.max(1);
         let scheduled = x < cfg.warmup_searches
             || x.is_multiple_of(every)
-            || (knows_nobody && x.is_power_of_two());
+            || (knows == 0 && x.is_power_of_two());
         if alone && scheduled {
             let announce =
                 x >= cfg.candidate_rounds || is_hub_candidate(self.view.own_rank(), cfg.candidates);
+            // A view still small after the first search is a small task or a fragment: few
+            // records to meet, so probe. (The first search of every node would cost a large
+            // swarm a probe walk per node on its busiest keys.)
+            let probes = if knows < cfg.probe_below && x > 0 {
+                cfg.probes
+            } else {
+                0
+            };
             r.step = Step::Search {
                 until: r.at(cfg.timing.search_permille),
             };
-            self.out.push_back(Output::Search { round, announce });
+            self.out.push_back(Output::Search {
+                round,
+                announce,
+                probes,
+            });
         } else {
             self.choose(now);
         }

@@ -22,8 +22,10 @@
 //!    `0..warmup_searches` and then every [`ExchangeConfig::search_every`] (and in rounds
 //!    4, 8, 16, ... while it knows nobody); while cohorts form
 //!    ([`ExchangeConfig::candidate_rounds`]) only hub candidates ([`crate::is_hub_candidate`])
-//!    announce, the others look up only. It learns the headers the cosine gate admits and the
-//!    hubs they name ([`Cohort::learn`]).
+//!    announce, the others look up only. While its view is small after its first search (a
+//!    small task, or a fragment of one) it looks up [`ExchangeConfig::probes`] multi-probe
+//!    keys too. It learns the
+//!    headers the cosine gate admits and the hubs they name ([`Cohort::learn`]).
 //! 2. **Join and push.** Its hub is the lowest rank it knows ([`Cohort::hub`]). Views need not
 //!    be symmetric: a node may outrank a cohort that never found it, and wait for pushes that
 //!    never come. So a hub nobody pushed to for [`ExchangeConfig::idle_rounds`] pushes to its
@@ -77,7 +79,7 @@
 //! identity from being a hub for longer than a window; they do not stop an attacker who grinds
 //! a key per window ahead of time (the window number is public: [`crate::hub_rank_at`] says
 //! why). Such a hub still faces every member's checks: with a fifth of the nodes hostile and
-//! ranked lowest in every window, honest nodes lost 0.65 ± 0.55 point (`kindred-sim learn
+//! ranked lowest in every window, honest nodes lost 0.63 ± 0.48 point (`kindred-sim learn
 //! --nodes 64 --setting label --hostile 0.2 --hostile-low-rank --seed 1..3`).
 //!
 //! # Persistence

@@ -612,3 +612,50 @@ fn a_hub_nobody_pushes_to_joins_its_next_rank_for_a_round_then_heads_again() {
         }]
     ));
 }
+
+fn probes_asked(asked: &[Output<u32, &'static str>]) -> Option<usize> {
+    asked.iter().find_map(|o| match o {
+        Output::Search { probes, .. } => Some(*probes),
+        _ => None,
+    })
+}
+
+#[test]
+fn a_search_probes_while_the_view_is_small_after_the_first_search() {
+    let mut node = Node::new(1, 10, config());
+    let (probes, below) = (config().probes, config().probe_below);
+    assert_eq!((probes, below), (3, 4));
+    // Peers ranked above the node: it stays its own hub and searches in every warm-up round.
+    let peers = |from: u32, to: u32| -> Vec<SeenHeader<u32>> {
+        (from..to)
+            .map(|p| SeenHeader {
+                peer: p,
+                rank: 1_000 + u64::from(p),
+                cosine: 0.9,
+                hub: p,
+                hub_rank: 1_000 + u64::from(p),
+            })
+            .collect()
+    };
+    let round = |node: &mut Node, round: u64, found: Vec<SeenHeader<u32>>| {
+        let t = Millis(round * 1_000);
+        let asked = probes_asked(&start(node, round, "p"));
+        node.handle(
+            t.saturating_add(1),
+            Input::SearchDone {
+                round,
+                headers: found,
+            },
+        );
+        node.handle_timeout(t.saturating_add(1_000));
+        assert!(finished(&drain(node)).is_some());
+        asked
+    };
+    // Round 0: the first search does not probe, knowing nobody; it finds 3 peers.
+    assert_eq!(round(&mut node, 0, peers(100, 103)), Some(0));
+    // Round 1: a view of 3 probes, and finds a fourth peer.
+    assert_eq!(round(&mut node, 1, peers(103, 104)), Some(probes));
+    assert_eq!(node.cohort().len(), below);
+    // Round 2: a view of 4 searches its band keys only.
+    assert_eq!(round(&mut node, 2, Vec::new()), Some(0));
+}

@@ -449,11 +449,7 @@ pub fn run(cfg: &LearnConfig, progress: ProgressFn<'_>) -> Result<LearnReport, L
         .policies
         .iter()
         .any(|p| p.partners == Partners::Hub)
-        .then(|| {
-            Overlay::new(cfg.nodes, cfg.seed, spec.id())
-                .with_keys(cfg.hub.keys)
-                .with_probes(cfg.hub.probes)
-        });
+        .then(|| Overlay::new(cfg.nodes, cfg.seed, spec.id()).with_keys(cfg.hub.keys));
     let embedder = Embedder::new(cfg.embedding)?;
     let mut states: Vec<State> = cfg
         .policies

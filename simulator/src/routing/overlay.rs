@@ -161,6 +161,22 @@ impl Overlay {
         margins: &[[f32; SIMHASH_BITS]],
         searches: &[Search],
     ) -> Result<OverlayRound, ProbeError> {
+        self.round_probing(round, sigs, margins, searches, |_| self.probes)
+    }
+
+    /// [`Overlay::round`], with node `i` looking up `probes(i)` multi-probe keys rather than
+    /// the overlay's [`Overlay::with_probes`] (the hub exchange's core decides per search).
+    ///
+    /// # Errors
+    /// [`ProbeError`] when probes are asked for and margins are unusable.
+    pub fn round_probing(
+        &self,
+        round: u64,
+        sigs: &[SimHash],
+        margins: &[[f32; SIMHASH_BITS]],
+        searches: &[Search],
+        probes: impl Fn(usize) -> usize,
+    ) -> Result<OverlayRound, ProbeError> {
         let n = self.ids.len();
         let ctx = KeyContext::new(self.network, self.model, RoundWindow(round), self.keys);
         let search = |i: usize| searches.get(i).copied().unwrap_or_default();
@@ -228,10 +244,11 @@ impl Overlay {
             let mut origins: Vec<(u16, u64)> = (0..self.keys.bands())
                 .map(|b| (b as u16, self.keys.band_value(&sig, b)))
                 .collect();
-            if self.probes > 0 {
+            let take = probes(i);
+            if take > 0 {
                 let m = margins.get(i).map_or(&[][..], |m| &m[..]);
                 let seq = ProbeSequence::new(&sig, m, self.keys)?;
-                origins.extend(seq.take(self.probes).map(|p| (p.band, p.value)));
+                origins.extend(seq.take(take).map(|p| (p.band, p.value)));
             }
             for (band, value) in origins {
                 let base = ctx.band_key(usize::from(band), value);

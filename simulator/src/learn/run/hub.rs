@@ -150,6 +150,7 @@ impl Hubs {
         let config = ExchangeConfig {
             local_rounds: cfg.hub.local_rounds,
             search_every: cfg.hub.search_every,
+            probes: cfg.hub.probes,
             candidates: cfg.hub.candidates,
             candidate_rounds: cfg.hub.candidate_rounds,
             max_members: cfg.hub.max_members,
@@ -299,7 +300,8 @@ struct Driver<'c, 'r, 'a, 'p> {
     /// Messages sent this round: the loss draw's counter.
     messages: u64,
     jobs: Vec<Job>,
-    searches: Vec<(u32, bool)>,
+    /// Searches asked for this round: node, whether it announces, its multi-probe keys.
+    searches: Vec<(u32, bool, usize)>,
     /// Per node, what it put on the wire and what it ends with.
     merged: Vec<Merged>,
     reports: Vec<Option<kindred_routing::exchange::RoundReport<u32, Handle>>>,
@@ -607,7 +609,9 @@ impl Driver<'_, '_, '_, '_> {
     ) -> Result<(), LearnError> {
         let round = self.r.round;
         match out {
-            Output::Search { announce, .. } => self.searches.push((i, announce)),
+            Output::Search {
+                announce, probes, ..
+            } => self.searches.push((i, announce, probes)),
             Output::FetchModel { ticket, hub } => self.fetch_model(hubs, i, now, ticket, hub)?,
             Output::CheckModel { ticket, model, .. } => self.jobs.push(Job::CheckModel {
                 node: i,
@@ -857,7 +861,8 @@ impl Driver<'_, '_, '_, '_> {
     ) -> Result<f64, LearnError> {
         let n = hubs.cores.len();
         let mut modes = vec![Search::Idle; n];
-        for &(i, announce) in &self.searches {
+        let mut probes = vec![0; n];
+        for &(i, announce, p) in &self.searches {
             if let Some(m) = modes.get_mut(i as usize) {
                 *m = if announce {
                     Search::Full
@@ -865,13 +870,18 @@ impl Driver<'_, '_, '_, '_> {
                     Search::Lookup
                 };
             }
+            if let Some(slot) = probes.get_mut(i as usize) {
+                *slot = p;
+            }
         }
         let searching = std::mem::take(&mut self.searches);
         let sigs: Vec<SimHash> = self.r.packed.iter().map(|p| p.embedding.simhash).collect();
         let margins: Vec<[f32; SIMHASH_BITS]> = self.r.packed.iter().map(|p| p.margins).collect();
-        let o = overlay.round(self.r.round, &sigs, &margins, &modes)?;
+        let o = overlay.round_probing(self.r.round, &sigs, &margins, &modes, |i| {
+            probes.get(i).copied().unwrap_or(0)
+        })?;
         let max_providers = hubs.config.max_providers;
-        for (i, _) in searching {
+        for (i, _, _) in searching {
             let found = o.found.get(i as usize).map_or(&[][..], |f| &f[..]);
             let mut headers: Vec<SeenHeader<u32>> = found
                 .iter()
