@@ -56,7 +56,7 @@ pub struct ExchangeConfig {
     /// symmetric (it found a cohort whose hub it outranks, the cohort never found it), and the
     /// push is what tells that hub, which then hands the cohort over. Default 2.
     pub idle_rounds: u32,
-    /// Multi-probe keys (the signature's lowest-margin bits flipped, [`crate::ProbeSequence`])
+    /// Multi-probe keys (the signature's lowest-margin bits flipped, [`crate::keys::ProbeSequence`])
     /// a search looks up besides its band keys when, from its second exchange round on, the
     /// node's view holds fewer than [`ExchangeConfig::probe_below`] peers. Default 3.
     ///

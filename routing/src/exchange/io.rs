@@ -272,7 +272,7 @@ pub struct RoundReport<P, M> {
 #[must_use = "outputs must be carried out by the driver"]
 pub enum Output<P, M> {
     /// Search the band keys of the node's own packet: look them up, with the first `probes`
-    /// multi-probe keys ([`crate::ProbeSequence`]), and announce the band keys too if
+    /// multi-probe keys ([`crate::keys::ProbeSequence`]), and announce the band keys too if
     /// `announce`; report with [`Input::SearchDone`].
     Search {
         /// The round.

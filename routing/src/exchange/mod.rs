@@ -24,8 +24,8 @@
 //!    ([`ExchangeConfig::candidate_rounds`]) only hub candidates ([`crate::is_hub_candidate`])
 //!    announce, the others look up only. While its view is small after its first search (a
 //!    small task, or a fragment of one) it looks up [`ExchangeConfig::probes`] multi-probe
-//!    keys too. It learns the
-//!    headers the cosine gate admits and the hubs they name ([`Cohort::learn`]).
+//!    keys too. It learns the headers the cosine gate admits and the hubs they name
+//!    ([`Cohort::learn`]).
 //! 2. **Join and push.** Its hub is the lowest rank it knows ([`Cohort::hub`]). Views need not
 //!    be symmetric: a node may outrank a cohort that never found it, and wait for pushes that
 //!    never come. So a hub nobody pushed to for [`ExchangeConfig::idle_rounds`] pushes to its

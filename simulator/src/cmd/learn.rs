@@ -89,8 +89,8 @@ pub(crate) struct LearnArgs {
     /// kindred-distill's `MIN_GAIN_SHARE`, 0.4).
     #[arg(long)]
     pub(crate) hub_min_gain_share: Option<f32>,
-    /// Multi-probe keys a Kindred node looks up per search besides its band keys while it
-    /// knows fewer than 4 peers (default 3).
+    /// Multi-probe keys a Kindred node looks up per search besides its band keys when, after
+    /// its first search, it knows fewer than 4 peers (default 3).
     #[arg(long)]
     pub(crate) hub_probes: Option<usize>,
     /// Band keys a Kindred node searches while it is its own hub (default 3).

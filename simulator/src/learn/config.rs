@@ -457,8 +457,8 @@ pub struct HubConfig {
     /// with probability 0.54, so 3 bands find 90% of them), which the cosine gate then sorts;
     /// 4 bands of 8 bits left a task in fragments for 5-15 rounds.
     pub keys: KeyConfig,
-    /// Multi-probe keys a search looks up while the node's view is small
-    /// (`kindred_routing::exchange::ExchangeConfig::probes`). Default 3.
+    /// Multi-probe keys a search looks up while the node's view is small after its first
+    /// search (`kindred_routing::exchange::ExchangeConfig::probes`). Default 3.
     pub probes: usize,
     /// After its first 3 exchange rounds, a node that is its own hub searches every this many
     /// rounds, to meet cohorts of its task it has not met. Default 10: a search costs its hub
