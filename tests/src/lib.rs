@@ -224,13 +224,13 @@ impl NodeProc {
         }
     }
 
-    /// SIGTERM, and a clean exit (code 0) within 30 s.
+    /// SIGTERM, and a clean exit (code 0) within `within`.
     ///
     /// # Panics
     /// When the node exits otherwise, with its log.
-    pub fn stop_cleanly(&mut self) {
+    pub fn stop_cleanly(&mut self, within: Duration) {
         assert_eq!(
-            self.terminate(Duration::from_secs(30)),
+            self.terminate(within),
             Some(0),
             "clean exit:\n{}",
             self.log()

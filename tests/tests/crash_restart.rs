@@ -70,7 +70,7 @@ fn killed_nodes_restart_with_identity_round_and_residuals() {
 
     // Graceful shutdown: SIGTERM, clean exit, summary written.
     for node in &mut nodes {
-        node.stop_cleanly();
+        node.stop_cleanly(Duration::from_secs(30));
         assert!(node.dir.join("summary.json").is_file());
     }
 }

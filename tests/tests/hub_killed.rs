@@ -119,6 +119,6 @@ fn a_killed_hub_is_replaced_and_its_members_never_miss_a_round() {
     assert_beats_local_only(&nodes);
 
     for node in &mut nodes {
-        node.stop_cleanly();
+        node.stop_cleanly(Duration::from_secs(20));
     }
 }

@@ -95,7 +95,7 @@ fn kill_and_restart(seed: u64) {
         assert!(s.is_some(), "node {i} stopped its rounds:\n{}", node.log());
     }
     for node in &mut nodes {
-        node.stop_cleanly();
+        node.stop_cleanly(Duration::from_secs(30));
     }
 }
 
