@@ -543,6 +543,7 @@ mod tests {
             routing_table: 5,
             banned: peers[..1].to_vec(),
             dropped_events: 0,
+            bootstraps_cut: 0,
             kad_server: true,
             external_addrs: vec!["/ip4/127.0.0.1/tcp/4001".parse().unwrap()],
         };

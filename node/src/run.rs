@@ -309,6 +309,9 @@ async fn join_swarm(routing: &RoutingHandle, bootstrap: &[String]) {
             match routing.dial(addr.clone()).await {
                 Ok(peer) => {
                     tracing::info!(%peer, %addr, "connected to bootstrap peer");
+                    // Into the routing table now, so the bootstrap below has a peer to start
+                    // from (identify would add it only after its first exchange).
+                    routing.add_peer(peer, addr.clone()).await;
                     joined += 1;
                     break;
                 }

@@ -272,6 +272,10 @@ pub struct KadConfig {
     pub max_providers_per_key: usize,
     /// Server or client.
     pub mode: KadMode,
+    /// At most one bootstrap that libp2p starts on its own (after a peer enters a small routing
+    /// table) runs to the end per this interval; the others are ended after their first
+    /// requests. Bootstraps the node asks for always run. Default 60 s.
+    pub bootstrap_throttle: Duration,
 }
 
 impl Default for KadConfig {
@@ -283,6 +287,7 @@ impl Default for KadConfig {
             provider_ttl: Duration::from_secs(3600),
             max_providers_per_key: 64,
             mode: KadMode::Auto,
+            bootstrap_throttle: Duration::from_secs(60),
         }
     }
 }

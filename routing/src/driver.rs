@@ -25,6 +25,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::addr_book::AddrBook;
 use crate::behaviour::{Behaviour, BehaviourEvent, KAD_PROTOCOL};
+use crate::bootstrap::{BootstrapGovernor, Verdict};
 use crate::codec::{CodecError, WireRequest};
 use crate::config::RoutingConfig;
 use crate::core::{AnnounceError, AnnounceId, AnnounceReport, Output, RequestFailure, RoutingCore};
@@ -74,6 +75,8 @@ pub(crate) struct Driver {
     answering: FuturesUnordered<BoxFuture<'static, Answering>>,
     dials: HashMap<ConnectionId, oneshot::Sender<Result<PeerId, DialError>>>,
     bootstraps: HashMap<QueryId, oneshot::Sender<Result<(), BootstrapError>>>,
+    /// Which of libp2p's own bootstraps run ([`crate::bootstrap`]).
+    bootstrap_governor: BootstrapGovernor<QueryId>,
     addr_book: AddrBook,
     dropped_events: u64,
     /// Byte counters of every connection, by protocol ([`crate::wire::count_bytes`]).
@@ -90,6 +93,7 @@ impl Driver {
         config: RoutingConfig,
         wire: WireCounters,
     ) -> Self {
+        let bootstrap_governor = BootstrapGovernor::new(config.kad.bootstrap_throttle);
         Self {
             swarm,
             core,
@@ -108,6 +112,7 @@ impl Driver {
             answering: FuturesUnordered::new(),
             dials: HashMap::new(),
             bootstraps: HashMap::new(),
+            bootstrap_governor,
             addr_book: AddrBook::new(ADDR_BOOK_PEERS),
             dropped_events: 0,
             wire,
@@ -175,15 +180,21 @@ impl Driver {
                     .add_address(&peer, addr.clone());
                 self.swarm.add_peer_address(peer, addr);
             }
-            Command::Bootstrap { reply } => match self.swarm.behaviour_mut().kad.bootstrap() {
-                Ok(id) => {
+            Command::Bootstrap { reply } => {
+                // Kademlia's join: a lookup of the node's own id. The peers nearest to it learn
+                // it and it learns them; farther buckets fill from the node's lookups and
+                // libp2p's periodic bootstrap ([`crate::bootstrap`]).
+                let me = *self.swarm.local_peer_id();
+                let kad = &mut self.swarm.behaviour_mut().kad;
+                if kad.kbuckets().all(|b| b.num_entries() == 0) {
+                    let _ = reply.send(Err(BootstrapError::NoKnownPeers));
+                } else {
+                    let id = kad.get_n_closest_peers(me, self.config.kad.replication_factor);
                     self.queries.insert(id, QueryCtx::Bootstrap);
+                    self.bootstrap_governor.on_requested(id, now);
                     self.bootstraps.insert(id, reply);
                 }
-                Err(_) => {
-                    let _ = reply.send(Err(BootstrapError::NoKnownPeers));
-                }
-            },
+            }
             Command::Announce { header, reply } => match self.core.announce(&header, now) {
                 Ok(id) => {
                     self.announce_replies.insert(id, reply);
@@ -243,6 +254,7 @@ impl Driver {
                     routing_table,
                     banned: self.core.scores().banned(now).copied().collect(),
                     dropped_events: self.dropped_events,
+                    bootstraps_cut: self.bootstrap_governor.cut_total(),
                     kad_server: self.swarm.behaviour().kad.mode() == kad::Mode::Server,
                     external_addrs: self.swarm.external_addresses().cloned().collect(),
                 };
@@ -432,7 +444,36 @@ impl Driver {
         }
     }
 
+    /// Applies [`crate::bootstrap`]'s policy to the bootstraps in libp2p's query pool. Runs after
+    /// every swarm event, so a cut bootstrap's later steps end before they send anything.
+    fn govern_bootstraps(&mut self) {
+        let now = Instant::now();
+        let kad = &mut self.swarm.behaviour_mut().kad;
+        let bootstraps: Vec<QueryId> = kad
+            .iter_queries()
+            .filter(|q| matches!(q.info(), kad::QueryInfo::Bootstrap { .. }))
+            .map(|q| q.id())
+            .collect();
+        for id in bootstraps {
+            match self.bootstrap_governor.on_seen(id, now) {
+                Verdict::Run => {
+                    self.queries.entry(id).or_insert(QueryCtx::Bootstrap);
+                }
+                Verdict::Cut => {
+                    if let Some(mut query) = kad.query_mut(&id) {
+                        query.finish();
+                    }
+                }
+            }
+        }
+    }
+
     fn on_swarm_event(&mut self, event: SwarmEvent<BehaviourEvent>) {
+        self.on_swarm_event_inner(event);
+        self.govern_bootstraps();
+    }
+
+    fn on_swarm_event_inner(&mut self, event: SwarmEvent<BehaviourEvent>) {
         match event {
             SwarmEvent::Behaviour(BehaviourEvent::Kad(e)) => self.on_kad(*e),
             SwarmEvent::Behaviour(BehaviourEvent::Rpc(e)) => self.on_rpc(e),
@@ -509,6 +550,9 @@ impl Driver {
         else {
             return;
         };
+        if step.last && matches!(result, QueryResult::Bootstrap(_)) {
+            self.bootstrap_governor.on_done(id);
+        }
         let Some(&ctx) = self.queries.get(&id) else {
             return;
         };
@@ -531,6 +575,25 @@ impl Driver {
                     }
                     self.core
                         .handle_provide_result(announce, result.is_ok(), stats.num_requests());
+                }
+            }
+            (QueryCtx::Bootstrap, QueryResult::GetClosestPeers(result)) => {
+                tracing::debug!(
+                    requests = stats.num_requests(),
+                    failures = stats.num_failures(),
+                    duration = ?stats.duration(),
+                    found = result.as_ref().map_or(0, |ok| ok.peers.len()),
+                    "join lookup done"
+                );
+                if step.last {
+                    self.queries.remove(&id);
+                    if let Some(reply) = self.bootstraps.remove(&id) {
+                        let _ = reply.send(
+                            result
+                                .map(|_| ())
+                                .map_err(|e| BootstrapError::Failed(e.to_string())),
+                        );
+                    }
                 }
             }
             (QueryCtx::Bootstrap, QueryResult::Bootstrap(result)) => {

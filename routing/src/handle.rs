@@ -110,6 +110,9 @@ pub struct NodeInfo {
     pub banned: Vec<PeerId>,
     /// Events dropped because the event channel was full.
     pub dropped_events: u64,
+    /// Kademlia bootstraps that libp2p started on its own and the driver ended early
+    /// ([`crate::KadConfig::bootstrap_throttle`]).
+    pub bootstraps_cut: u64,
     /// Whether Kademlia runs in server mode (answers other peers' queries). Under
     /// [`crate::KadMode::Auto`] that is once an external address is confirmed.
     pub kad_server: bool,
@@ -271,8 +274,9 @@ impl RoutingHandle {
         let _ = self.commands.send(Command::AddPeer { peer, addr }).await;
     }
 
-    /// Run a Kademlia bootstrap (a lookup of the node's own id and random refreshes) and wait
-    /// for it to finish.
+    /// Join the DHT: look up the node's own id through the known peers (Kademlia's join: the
+    /// peers nearest to it learn it and it learns them) and wait for the lookup to finish.
+    /// Farther buckets fill from later lookups and libp2p's periodic bootstrap.
     ///
     /// # Errors
     /// [`BootstrapError`] when no peer is known or the query fails.

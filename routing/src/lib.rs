@@ -40,6 +40,7 @@
 
 mod addr_book;
 pub mod behaviour;
+pub(crate) mod bootstrap;
 pub mod codec;
 pub mod cohort;
 pub mod config;

@@ -955,6 +955,7 @@ impl RoutingCore {
             lookup = id.0,
             candidates = l.candidates.len(),
             packets = l.packets.len(),
+            kad_requests = ?l.stats.kad_requests,
             timed_out,
             "round lookup finished"
         );

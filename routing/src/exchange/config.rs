@@ -69,13 +69,16 @@ pub struct ExchangeConfig {
     /// at 1,000 nodes they cost 0.2%. Probing in the first search too cost 33% more bytes at
     /// 1,000 nodes, where every node's first search probes the busiest keys.
     pub probes: usize,
-    /// A view of fewer peers than this searches with [`ExchangeConfig::probes`]. Default 4.
+    /// A view of fewer peers than this searches with [`ExchangeConfig::probes`]. Default 3:
+    /// a hub that knows 3 peers may head a whole 4-node task, and at 4 every search of such a
+    /// hub probed (in the 16-node demo, 6 keys instead of 3 in most searches).
     pub probe_below: usize,
     /// One node in this many, the lowest ranks, is a hub candidate
     /// ([`crate::is_hub_candidate`]). Default 4.
     pub candidates: u64,
     /// Exchange rounds, from the first, in which only hub candidates announce (the others look
-    /// up only). Default 2.
+    /// up only), and nodes whose earlier search found nobody: a small task may have no
+    /// candidate. Default 2.
     pub candidate_rounds: u64,
     /// Most peers the cohort view holds. Default 1,024.
     pub max_members: usize,
@@ -135,7 +138,7 @@ impl Default for ExchangeConfig {
             search_every: 10,
             idle_rounds: 2,
             probes: 3,
-            probe_below: 4,
+            probe_below: 3,
             candidates: 4,
             candidate_rounds: 2,
             max_members: 1024,

@@ -36,12 +36,18 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             || x.is_multiple_of(every)
             || (knows == 0 && x.is_power_of_two());
         if alone && scheduled {
-            let announce =
+            let scheduled_announce =
                 x >= cfg.candidate_rounds || is_hub_candidate(self.view.own_rank(), cfg.candidates);
+            // A node whose earlier search found nobody announces too: no candidate of its task
+            // announced where it looked (a small task may have none). Its task's other nodes
+            // do the same, so that search meets them on the band keys; it probes only if it
+            // still finds nobody.
+            let found_nobody = x > 0 && knows == 0 && !scheduled_announce;
+            let announce = scheduled_announce || found_nobody;
             // A view still small after the first search is a small task or a fragment: few
             // records to meet, so probe. (The first search of every node would cost a large
             // swarm a probe walk per node on its busiest keys.)
-            let probes = if knows < cfg.probe_below && x > 0 {
+            let probes = if knows < cfg.probe_below && x > 0 && !found_nobody {
                 cfg.probes
             } else {
                 0

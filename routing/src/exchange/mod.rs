@@ -22,7 +22,7 @@
 //!    `0..warmup_searches` and then every [`ExchangeConfig::search_every`] (and in rounds
 //!    4, 8, 16, ... while it knows nobody); while cohorts form
 //!    ([`ExchangeConfig::candidate_rounds`]) only hub candidates ([`crate::is_hub_candidate`])
-//!    announce, the others look up only. While its view is small after its first search (a
+//!    and nodes whose earlier search found nobody announce, the others look up only. While its view is small after its first search (a
 //!    small task, or a fragment of one) it looks up [`ExchangeConfig::probes`] multi-probe
 //!    keys too. It learns the headers the cosine gate admits and the hubs they name
 //!    ([`Cohort::learn`]).

@@ -624,7 +624,7 @@ fn probes_asked(asked: &[Output<u32, &'static str>]) -> Option<usize> {
 fn a_search_probes_while_the_view_is_small_after_the_first_search() {
     let mut node = Node::new(1, 10, config());
     let (probes, below) = (config().probes, config().probe_below);
-    assert_eq!((probes, below), (3, 4));
+    assert_eq!((probes, below), (3, 3));
     // Peers ranked above the node: it stays its own hub and searches in every warm-up round.
     let peers = |from: u32, to: u32| -> Vec<SeenHeader<u32>> {
         (from..to)
@@ -651,11 +651,46 @@ fn a_search_probes_while_the_view_is_small_after_the_first_search() {
         assert!(finished(&drain(node)).is_some());
         asked
     };
-    // Round 0: the first search does not probe, knowing nobody; it finds 3 peers.
-    assert_eq!(round(&mut node, 0, peers(100, 103)), Some(0));
-    // Round 1: a view of 3 probes, and finds a fourth peer.
-    assert_eq!(round(&mut node, 1, peers(103, 104)), Some(probes));
+    // Round 0: the first search does not probe, knowing nobody; it finds 2 peers.
+    assert_eq!(round(&mut node, 0, peers(100, 102)), Some(0));
+    // Round 1: a view of 2 probes, and finds a third peer.
+    assert_eq!(round(&mut node, 1, peers(102, 103)), Some(probes));
     assert_eq!(node.cohort().len(), below);
-    // Round 2: a view of 4 searches its band keys only.
+    // Round 2: a view of 3 searches its band keys only.
     assert_eq!(round(&mut node, 2, Vec::new()), Some(0));
+}
+
+#[test]
+fn a_node_that_found_nobody_announces_before_it_probes() {
+    // Not a hub candidate: while cohorts form it would only look up.
+    let rank = u64::MAX - 5;
+    assert!(!crate::is_hub_candidate(rank, config().candidates));
+    assert_eq!(config().candidate_rounds, 2);
+    let mut node = Node::new(1, rank, config());
+    let search = |node: &mut Node, round: u64| {
+        let asked = start(node, round, "p");
+        let t = Millis(round * 1_000);
+        node.handle(
+            t.saturating_add(1),
+            Input::SearchDone {
+                round,
+                headers: Vec::new(),
+            },
+        );
+        node.handle_timeout(t.saturating_add(1_000));
+        assert!(finished(&drain(node)).is_some());
+        asked.iter().find_map(|o| match o {
+            Output::Search {
+                announce, probes, ..
+            } => Some((*announce, *probes)),
+            _ => None,
+        })
+    };
+    // Round 0: looks up only, and finds nobody.
+    assert_eq!(search(&mut node, 0), Some((false, 0)));
+    // Round 1: no candidate of its task announced where it looked; it announces, so its
+    // task's other nodes meet it, and looks up its band keys only.
+    assert_eq!(search(&mut node, 1), Some((true, 0)));
+    // Round 2: still nobody; every node announces now, and it probes.
+    assert_eq!(search(&mut node, 2), Some((true, config().probes)));
 }
