@@ -33,7 +33,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
         // cohorts form, only hub candidates announce.
         let every = cfg.search_every.max(1);
         let scheduled = x < cfg.warmup_searches
-            || x.is_multiple_of(every)
+            || round.is_multiple_of(every)
             || (knows == 0 && x.is_power_of_two());
         if alone && scheduled {
             let scheduled_announce =
@@ -397,11 +397,15 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             Answer::Refused { foreign: false } => {
                 // Refused by a hub it has not joined: its model may have drifted from the
                 // cohort's. It takes the hub's model its data accepted, and its next push is
-                // admitted. A member of the hub, or one that keeps its model, forgets the hub.
+                // admitted. A member of the hub joins it anew next round (its model drifted:
+                // it missed merges), and one that keeps its model forgets the hub.
                 if let Joining::Adopt(model) = joining {
                     let model = model.clone();
                     self.joined = Some(hub);
                     self.finish(Apply::Adopt(model), false);
+                } else if matches!(joining, Joining::Member) {
+                    self.joined = None;
+                    self.finish(Apply::Nothing, false);
                 } else {
                     self.view.forget(&hub);
                     self.finish(Apply::Nothing, false);

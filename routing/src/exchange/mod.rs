@@ -19,13 +19,14 @@
 //! runs: round numbers are the swarm's (the node's are its wall clock's), so a node that joins
 //! late warms up like one that started with the swarm. Then, each round:
 //! 1. **Search.** A node that is its own hub searches its band keys in exchange rounds
-//!    `0..warmup_searches` and then every [`ExchangeConfig::search_every`] (and in rounds
+//!    `0..warmup_searches` and then in the swarm's rounds that are multiples of
+//!    [`ExchangeConfig::search_every`], as the key window starts (and in exchange rounds
 //!    4, 8, 16, ... while it knows nobody); while cohorts form
 //!    ([`ExchangeConfig::candidate_rounds`]) only hub candidates ([`crate::is_hub_candidate`])
-//!    and nodes whose earlier search found nobody announce, the others look up only. While its view is small after its first search (a
-//!    small task, or a fragment of one) it looks up [`ExchangeConfig::probes`] multi-probe
-//!    keys too. It learns the headers the cosine gate admits and the hubs they name
-//!    ([`Cohort::learn`]).
+//!    and nodes whose earlier search found nobody announce, the others look up only. While its
+//!    view is small after its first search (a small task, or a fragment of one) it looks up
+//!    [`ExchangeConfig::probes`] multi-probe keys too. It learns the headers the cosine gate
+//!    admits and the hubs they name ([`Cohort::learn`]).
 //! 2. **Join and push.** Its hub is the lowest rank it knows ([`Cohort::hub`]). Views need not
 //!    be symmetric: a node may outrank a cohort that never found it, and wait for pushes that
 //!    never come. So a hub nobody pushed to for [`ExchangeConfig::idle_rounds`] pushes to its
@@ -36,7 +37,9 @@
 //! 3. **Admit and merge.** A hub takes pushes until it closes its admission
 //!    ([`Timing::collect_permille`]), then admits those its cosine gate passes, measured
 //!    against the nearest pusher and its [`Cohort::anchor`], refuses the others, and asks its
-//!    driver for the merge. From exchange round [`ExchangeConfig::data_checks_from`] its own
+//!    driver for the merge. A member it refuses has drifted from the cohort's model (it missed
+//!    merges): it joins the hub anew next round, and takes the hub's model if its data accepts
+//!    it and the hub refuses it again. From exchange round [`ExchangeConfig::data_checks_from`] its own
 //!    data checks the merge: refused, it heads another task's cohort and serves nobody.
 //!    Otherwise it serves the merge with its view ([`Cohort::listed`]) and learns its members'.
 //! 4. **Check and apply.** A member has every merge checked (direction and norm; and on its

@@ -273,6 +273,74 @@ fn a_member_with_no_merge_applies_its_own_update_and_drops_a_silent_hub() {
 }
 
 #[test]
+fn a_member_its_hub_refuses_joins_it_anew_and_takes_its_model_if_refused_again() {
+    let mut member = Node::new(2, 20, config());
+    member.view.learn([(1, 10)]);
+    member.joined = Some(1);
+    // Round 0: a member pushes at once, and its hub's gate refuses it (it missed merges).
+    let out = start(&mut member, 0, "p2");
+    assert!(
+        matches!(out.as_slice(), [Output::Push { to: 1, .. }]),
+        "{out:?}"
+    );
+    let refused = Answer::Refused { foreign: false };
+    member.handle(
+        Millis(600),
+        Input::AnswerReceived {
+            from: 1,
+            round: 0,
+            answer: refused.clone(),
+        },
+    );
+    let report = finished(&drain(&mut member)).unwrap();
+    assert_eq!((report.role, report.hub), (Role::Member, 1));
+    assert_eq!(member.joined(), None, "it joins anew");
+    assert_eq!(member.hub(), 1, "and keeps the hub in its view");
+    // Round 1: it fetches the hub's model, its data accepts it, it pushes, is refused again,
+    // and takes the model.
+    let out = start(&mut member, 1, "p2");
+    let [Output::FetchModel { ticket, hub: 1 }] = out.as_slice() else {
+        panic!("{out:?}");
+    };
+    member.handle(
+        Millis(1_010),
+        Input::ModelReceived {
+            ticket: *ticket,
+            model: Some("m1"),
+        },
+    );
+    let Some(Output::CheckModel { ticket, .. }) = member.poll_output() else {
+        panic!("it checks the model");
+    };
+    member.handle(
+        Millis(1_020),
+        Input::ModelChecked {
+            ticket,
+            verdict: ModelVerdict::Adopt,
+        },
+    );
+    assert!(matches!(
+        member.poll_output(),
+        Some(Output::Push {
+            to: 1,
+            round: 1,
+            ..
+        })
+    ));
+    member.handle(
+        Millis(1_600),
+        Input::AnswerReceived {
+            from: 1,
+            round: 1,
+            answer: refused,
+        },
+    );
+    let report = finished(&drain(&mut member)).unwrap();
+    assert_eq!(report.apply, Apply::Adopt("m1"));
+    assert_eq!(member.joined(), Some(&1));
+}
+
+#[test]
 fn a_hub_refuses_what_its_gate_does_not_admit_and_a_non_hub_names_its_hub() {
     let mut hub = Node::new(1, 10, config());
     hub.view.learn([(0, 5)]);
