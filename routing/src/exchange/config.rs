@@ -46,13 +46,11 @@ pub struct ExchangeConfig {
     /// Default 3: the first rounds' cohorts are fragments, and a fragment's hub meets the
     /// others' members (whose headers name their hub) by searching again.
     pub warmup_searches: u64,
-    /// After those, a node that is its own hub searches in the swarm's rounds that are
-    /// multiples of this. Default 10, the key window's length ([`crate::Discovery::window`]s
-    /// start at multiples of 10 rounds too): a hub's records are announced as their window
-    /// starts and live through all of it, so a search anywhere in the window meets them. A
-    /// node that knows nobody also searches in exchange rounds 4, 8, 16, ...: one miss of the
-    /// warm-up's searches (the band keys are a coin toss for a young model) must not leave it
-    /// alone for `search_every` rounds.
+    /// After those, a node that is its own hub searches every this many rounds, with
+    /// [`ExchangeConfig::probes`] multi-probe keys. Default 10. A node that knows nobody also
+    /// searches in exchange rounds 4, 8, 16, ...: one miss of the warm-up's searches (the band
+    /// keys are a coin toss for a young model) must not leave it alone for `search_every`
+    /// rounds.
     pub search_every: u64,
     /// Exchange rounds in a row a node that is its own hub and knew peers from the round's
     /// start takes no push before it pushes to its next rank for a round: views need not be

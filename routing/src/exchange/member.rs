@@ -33,7 +33,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
         // cohorts form, only hub candidates announce.
         let every = cfg.search_every.max(1);
         let scheduled = x < cfg.warmup_searches
-            || round.is_multiple_of(every)
+            || x.is_multiple_of(every)
             || (knows == 0 && x.is_power_of_two());
         if alone && scheduled {
             let scheduled_announce =
@@ -47,7 +47,11 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             // A view still small after the first search is a small task or a fragment: few
             // records to meet, so probe. (The first search of every node would cost a large
             // swarm a probe walk per node on its busiest keys.)
-            let probes = if knows < cfg.probe_below && x > 0 && !found_nobody {
+            // A hub's searches after the warm-up probe too: two cohorts of one task whose
+            // band keys differ in one bit each meet only through probes (sketches move
+            // little between searches, so the same bits differ each time).
+            let small = knows < cfg.probe_below && x > 0 && !found_nobody;
+            let probes = if small || x >= cfg.warmup_searches {
                 cfg.probes
             } else {
                 0

@@ -19,13 +19,12 @@
 //! runs: round numbers are the swarm's (the node's are its wall clock's), so a node that joins
 //! late warms up like one that started with the swarm. Then, each round:
 //! 1. **Search.** A node that is its own hub searches its band keys in exchange rounds
-//!    `0..warmup_searches` and then in the swarm's rounds that are multiples of
-//!    [`ExchangeConfig::search_every`], as the key window starts (and in exchange rounds
+//!    `0..warmup_searches` and then every [`ExchangeConfig::search_every`] (and in rounds
 //!    4, 8, 16, ... while it knows nobody); while cohorts form
 //!    ([`ExchangeConfig::candidate_rounds`]) only hub candidates ([`crate::is_hub_candidate`])
 //!    and nodes whose earlier search found nobody announce, the others look up only. While its
-//!    view is small after its first search (a small task, or a fragment of one) it looks up
-//!    [`ExchangeConfig::probes`] multi-probe keys too. It learns the headers the cosine gate
+//!    view is small after its first search (a small task, or a fragment of one), and in every
+//!    search after the warm-up, it looks up [`ExchangeConfig::probes`] multi-probe keys too. It learns the headers the cosine gate
 //!    admits and the hubs they name ([`Cohort::learn`]).
 //! 2. **Join and push.** Its hub is the lowest rank it knows ([`Cohort::hub`]). Views need not
 //!    be symmetric: a node may outrank a cohort that never found it, and wait for pushes that
