@@ -84,6 +84,7 @@ struct Reachability {
     banned: Gauge<i64, AtomicI64>,
     kad_server: Gauge<i64, AtomicI64>,
     external_addrs: Gauge<i64, AtomicI64>,
+    bootstraps_cut: Gauge<i64, AtomicI64>,
 }
 
 /// Label values known in advance, exported at 0 from the start so that every series exists
@@ -226,6 +227,12 @@ impl NodeMetrics {
                 "Addresses confirmed reachable from other peers",
                 &reachability.external_addrs,
             ),
+            (
+                "kademlia_bootstraps_cut",
+                "Kademlia bootstraps libp2p started on its own that the node ended early (one \
+                 runs per bootstrap throttle)",
+                &reachability.bootstraps_cut,
+            ),
         ] {
             registry.register(name, help, gauge.clone());
         }
@@ -272,6 +279,8 @@ impl NodeMetrics {
         r.banned.set(count(info.banned.len()));
         r.kad_server.set(i64::from(info.kad_server));
         r.external_addrs.set(count(info.external_addrs.len()));
+        r.bootstraps_cut
+            .set(i64::try_from(info.bootstraps_cut).unwrap_or(i64::MAX));
     }
 
     /// Replace the routing counters shown at the next scrape.
@@ -543,7 +552,7 @@ mod tests {
             routing_table: 5,
             banned: peers[..1].to_vec(),
             dropped_events: 0,
-            bootstraps_cut: 0,
+            bootstraps_cut: 2,
             kad_server: true,
             external_addrs: vec!["/ip4/127.0.0.1/tcp/4001".parse().unwrap()],
         };
@@ -555,6 +564,7 @@ mod tests {
             "kindred_banned_peers 1",
             "kindred_kademlia_server 1",
             "kindred_external_addresses 1",
+            "kindred_kademlia_bootstraps_cut 2",
         ] {
             assert!(text.contains(line), "{line} missing:\n{text}");
         }

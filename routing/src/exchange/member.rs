@@ -51,8 +51,10 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             // band keys differ in one bit each meet only through probes (sketches move
             // little between searches, so the same bits differ each time).
             let small = knows < cfg.probe_below && x > 0 && !found_nobody;
-            let probes = if small || x >= cfg.warmup_searches {
+            let probes = if small {
                 cfg.probes
+            } else if x >= cfg.warmup_searches {
+                cfg.search_probes
             } else {
                 0
             };

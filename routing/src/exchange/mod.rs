@@ -23,8 +23,9 @@
 //!    4, 8, 16, ... while it knows nobody); while cohorts form
 //!    ([`ExchangeConfig::candidate_rounds`]) only hub candidates ([`crate::is_hub_candidate`])
 //!    and nodes whose earlier search found nobody announce, the others look up only. While its
-//!    view is small after its first search (a small task, or a fragment of one), and in every
-//!    search after the warm-up, it looks up [`ExchangeConfig::probes`] multi-probe keys too. It learns the headers the cosine gate
+//!    view is small after its first search (a small task, or a fragment of one) it looks up
+//!    [`ExchangeConfig::probes`] multi-probe keys too, and [`ExchangeConfig::search_probes`]
+//!    in every search after the warm-up. It learns the headers the cosine gate
 //!    admits and the hubs they name ([`Cohort::learn`]).
 //! 2. **Join and push.** Its hub is the lowest rank it knows ([`Cohort::hub`]). Views need not
 //!    be symmetric: a node may outrank a cohort that never found it, and wait for pushes that

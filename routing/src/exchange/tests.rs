@@ -726,12 +726,16 @@ fn a_search_probes_while_the_view_is_small_after_the_first_search() {
     assert_eq!(node.cohort().len(), below);
     // Round 2: a view of 3 searches its band keys only.
     assert_eq!(round(&mut node, 2, Vec::new()), Some(0));
-    // After the warm-up a hub searches every `search_every` rounds, and always probes: two
-    // cohorts of one task whose band keys differ in a bit each meet only that way.
+    // After the warm-up a hub searches every `search_every` rounds with `search_probes` probes:
+    // two cohorts of one task whose band keys differ in a bit each meet only that way.
     for r in 3..10 {
         assert_eq!(round(&mut node, r, Vec::new()), None, "round {r}");
     }
-    assert_eq!(round(&mut node, 10, Vec::new()), Some(probes));
+    assert_eq!(
+        round(&mut node, 10, Vec::new()),
+        Some(config().search_probes)
+    );
+    assert_eq!(config().search_probes, 1);
 }
 
 #[test]
