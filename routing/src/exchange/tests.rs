@@ -721,10 +721,10 @@ fn a_search_probes_while_the_view_is_small_after_the_first_search() {
     };
     // Round 0: the first search does not probe, knowing nobody; it finds 2 peers.
     assert_eq!(round(&mut node, 0, peers(100, 102)), Some(0));
-    // Round 1: a view of 2 probes, and finds a third peer.
-    assert_eq!(round(&mut node, 1, peers(102, 103)), Some(probes));
-    assert_eq!(node.cohort().len(), below);
-    // Round 2: a view of 3 searches its band keys only.
+    // Round 1: a view of 2 probes, and finds 4 more peers.
+    assert_eq!(round(&mut node, 1, peers(102, 106)), Some(probes));
+    assert!(node.cohort().len() >= below);
+    // Round 2: a larger view searches its band keys only.
     assert_eq!(round(&mut node, 2, Vec::new()), Some(0));
     // After the warm-up a hub searches every `search_every` rounds with `search_probes` probes:
     // two cohorts of one task whose band keys differ in a bit each meet only that way.
