@@ -586,14 +586,7 @@ impl Driver {
                     "join lookup done"
                 );
                 if step.last {
-                    self.queries.remove(&id);
-                    if let Some(reply) = self.bootstraps.remove(&id) {
-                        let _ = reply.send(
-                            result
-                                .map(|_| ())
-                                .map_err(|e| BootstrapError::Failed(e.to_string())),
-                        );
-                    }
+                    self.bootstrap_done(id, result.map(|_| ()).map_err(|e| e.to_string()));
                 }
             }
             (QueryCtx::Bootstrap, QueryResult::Bootstrap(result)) => {
@@ -606,14 +599,7 @@ impl Driver {
                 );
                 let done = step.last || result.as_ref().map_or(true, |ok| ok.num_remaining == 0);
                 if done {
-                    self.queries.remove(&id);
-                    if let Some(reply) = self.bootstraps.remove(&id) {
-                        let _ = reply.send(
-                            result
-                                .map(|_| ())
-                                .map_err(|e| BootstrapError::Failed(e.to_string())),
-                        );
-                    }
+                    self.bootstrap_done(id, result.map(|_| ()).map_err(|e| e.to_string()));
                 }
             }
             (ctx, other) => {
@@ -622,6 +608,14 @@ impl Driver {
                     self.queries.remove(&id);
                 }
             }
+        }
+    }
+
+    /// A bootstrap query ended: answer whoever asked for it.
+    fn bootstrap_done(&mut self, id: QueryId, result: Result<(), String>) {
+        self.queries.remove(&id);
+        if let Some(reply) = self.bootstraps.remove(&id) {
+            let _ = reply.send(result.map_err(BootstrapError::Failed));
         }
     }
 
