@@ -7,12 +7,12 @@
 //! a table never leaves that state) each new peer starts another one: on the 16-node demo that
 //! was 85-88% of a node's warm-up bytes.
 //!
-//! The driver keeps the bootstraps it was asked for ([`crate::RoutingHandle::bootstrap`]) and
-//! lets one of libp2p's own per [`crate::KadConfig::bootstrap_throttle`] run to the end (the
-//! periodic one, every 5 minutes, always does); it ends the others as soon as it sees them,
-//! after their first `α` requests. Lookups of semantic keys fill routing tables as they go, so
-//! no peer is lost to the cut; what a table lacks in between is found by the next full
-//! bootstrap.
+//! A node joins with one lookup of its own id for `k` peers ([`crate::RoutingHandle::bootstrap`]),
+//! which restarts the throttle. Of libp2p's own bootstraps the driver lets one per
+//! [`crate::KadConfig::bootstrap_throttle`] run to the end (the periodic one, every 5 minutes,
+//! always does) and ends the others as soon as it sees them, after their first `α` requests.
+//! Lookups of semantic keys fill routing tables as they go, so no peer is lost to the cut; what
+//! a table lacks in between is found by the next full bootstrap.
 //!
 //! The policy is a plain state machine over query ids and instants, so it is tested without a
 //! swarm.
@@ -52,7 +52,8 @@ impl<Q: Copy + Eq + Hash> BootstrapGovernor<Q> {
         }
     }
 
-    /// A bootstrap the node asked for started: it runs, and counts as the latest full one.
+    /// A bootstrap (or join) the node asked for started: it runs, and counts as the latest
+    /// full one.
     pub(crate) fn on_requested(&mut self, id: Q, now: Instant) {
         self.running.insert(id);
         self.last_full = Some(now);
