@@ -191,7 +191,7 @@ impl Driver {
                 } else {
                     let id = kad.get_n_closest_peers(me, self.config.kad.replication_factor);
                     self.queries.insert(id, QueryCtx::Bootstrap);
-                    self.bootstrap_governor.on_requested(id, now);
+                    self.bootstrap_governor.on_join(now);
                     self.bootstraps.insert(id, reply);
                 }
             }

@@ -47,9 +47,9 @@ pub struct ExchangeConfig {
     /// others' members (whose headers name their hub) by searching again.
     pub warmup_searches: u64,
     /// After those, a node that is its own hub searches every this many rounds, with
-    /// [`ExchangeConfig::search_probes`] multi-probe keys. Default 10. A node that knows nobody also
-    /// searches in exchange rounds 4, 8, 16, ...: one miss of the warm-up's searches (the band
-    /// keys are a coin toss for a young model) must not leave it alone for `search_every`
+    /// [`ExchangeConfig::search_probes`] multi-probe keys. Default 10. A node that knows nobody
+    /// also searches in exchange rounds 4, 8, 16, ...: one miss of the warm-up's searches (the
+    /// band keys are a coin toss for a young model) must not leave it alone for `search_every`
     /// rounds.
     pub search_every: u64,
     /// Exchange rounds in a row a node that is its own hub and knew peers from the round's
@@ -57,24 +57,25 @@ pub struct ExchangeConfig {
     /// symmetric (it found a cohort whose hub it outranks, the cohort never found it), and the
     /// push is what tells that hub, which then hands the cohort over. Default 2.
     pub idle_rounds: u32,
-    /// Multi-probe keys (the signature's lowest-margin bits flipped, [`crate::keys::ProbeSequence`])
-    /// a search looks up besides its band keys when, from its second exchange round on, the
-    /// node's view holds fewer than [`ExchangeConfig::probe_below`] peers. Default 3.
+    /// Multi-probe keys (the signature's lowest-margin bits flipped,
+    /// [`crate::keys::ProbeSequence`]) a search looks up besides its band keys when, from its
+    /// second exchange round on, the node's view holds fewer than
+    /// [`ExchangeConfig::probe_below`] peers. Default 3.
     ///
     /// A task of many nodes has many records under its band keys, and a search meets one of
     /// them without probes; a small task (or a fragment of one) has a few, and a band of 4 bits
     /// that misses them by one bit left nodes of 4-node tasks alone, or a task in two cohorts,
     /// for up to 11 exchange rounds (`kindred-sim learn --nodes 8 --clusters 2 --steps 50
     /// --rounds 20`, seeds 1-16; in real nodes, one node never merged in 20 rounds). With the
-    /// probes every task there is one cohort by its third exchange round, for 6% more bytes;
-    /// at 1,000 nodes they cost 0.2%. Probing in the first search too cost 33% more bytes at
-    /// 1,000 nodes, where every node's first search probes the busiest keys.
+    /// probes every task there is one cohort by its third exchange round (BENCHMARKS.md, "Small
+    /// swarms"). Probing in the first search too cost 33% more bytes at 1,000 nodes, where
+    /// every node's first search probes the busiest keys.
     pub probes: usize,
     /// Multi-probe keys a hub's searches after the warm-up look up besides its band keys.
     /// Default 1. Two cohorts of one task whose hubs' band keys differ in a bit each (sketches
     /// move little between searches, so the same bits differ each time) meet only through a
-    /// probe: `kindred-sim experiment --seed 1` kept iid seed 3 in two cohorts of 32 to the
-    /// end without it (91.17% against 91.55% with one probe), for 0.4-1.6% more bytes.
+    /// probe: without it, `kindred-sim experiment --seed 1` ended iid seed 3 as two cohorts
+    /// of 32; with it, as one (BENCHMARKS.md, results experiment).
     pub search_probes: usize,
     /// A view of fewer peers than this searches with [`ExchangeConfig::probes`]. Default 3:
     /// a hub that knows 3 peers may head a whole 4-node task, and at 4 every search of such a

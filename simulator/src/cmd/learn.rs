@@ -90,7 +90,7 @@ pub(crate) struct LearnArgs {
     #[arg(long)]
     pub(crate) hub_min_gain_share: Option<f32>,
     /// Multi-probe keys a Kindred node looks up per search besides its band keys when, after
-    /// its first search, it knows fewer than 4 peers (default 3).
+    /// its first search, it knows fewer than 3 peers (default 3).
     #[arg(long)]
     pub(crate) hub_probes: Option<usize>,
     /// Band keys a Kindred node searches while it is its own hub (default 3).
