@@ -12,7 +12,7 @@
 //! same model (`2 (N−1)/N × 4 × params` bytes sent per node per round); and partner purity (the
 //! share of merge partners from the node's own cluster).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -549,16 +549,63 @@ pub fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<String> {
     Ok(resp.body_mut().read_to_string()?)
 }
 
-/// `n` distinct free loopback TCP ports (bound, then released for the nodes to take).
-fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
-    let listeners: Vec<TcpListener> = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0"))
-        .collect::<Result<_, _>>()?;
-    Ok(listeners
-        .iter()
-        .filter_map(|l| l.local_addr().ok())
-        .map(|a| a.port())
-        .collect())
+/// `n` distinct free loopback TCP ports for node processes to listen on.
+///
+/// Each is bound once to check it is free, then released for a node to take a moment later.
+/// They are drawn below the kernel's ephemeral range (where the OS picks ports for `bind(0)` and
+/// for the local end of every outgoing connection): a port drawn there could be taken, between
+/// the check and the node's bind, by one of the swarm's own outgoing connections. Ports handed out
+/// once in this process are not handed out again.
+///
+/// # Example
+/// ```
+/// let ports = kindred_node::demo::free_ports(2).unwrap();
+/// assert_ne!(ports[0], ports[1]);
+/// ```
+///
+/// # Errors
+/// When no free port is found in a bounded number of draws.
+pub fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
+    static HANDED_OUT: std::sync::Mutex<BTreeSet<u16>> = std::sync::Mutex::new(BTreeSet::new());
+    let (lo, hi) = non_ephemeral_ports();
+    let mut handed = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+    let mut ports = Vec::with_capacity(n);
+    let mut draws = 0u32;
+    while ports.len() < n {
+        draws += 1;
+        anyhow::ensure!(
+            draws <= 100_000,
+            "no free loopback port in {lo}..={hi} after {} draws",
+            draws - 1
+        );
+        let port = rand::random_range(lo..=hi);
+        if handed.contains(&port) || TcpListener::bind(("127.0.0.1", port)).is_err() {
+            continue;
+        }
+        handed.insert(port);
+        ports.push(port);
+    }
+    Ok(ports)
+}
+
+/// A range of ports outside the kernel's ephemeral range (Linux: `ip_local_port_range`, 32768 to
+/// 60999 by default; elsewhere, the IANA dynamic range 49152 and above is assumed).
+fn non_ephemeral_ports() -> (u16, u16) {
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| {
+            let mut it = s.split_whitespace().map(str::parse::<u16>);
+            Some((it.next()?.ok()?, it.next()?.ok()?))
+        })
+        .unwrap_or((49_152, 65_535));
+    if ephemeral.0 >= 12_000 {
+        (10_000, ephemeral.0 - 1)
+    } else if ephemeral.1 <= 63_000 {
+        (ephemeral.1 + 1, 65_535)
+    } else {
+        // The whole range is ephemeral: nothing better than drawing from it.
+        (1_024, 65_535)
+    }
 }
 
 /// Kill a node process if the demo exits early.

@@ -7,7 +7,7 @@
 //! The `kindred` binary is the one `cargo test --workspace` builds next to the test binaries
 //! (`target/<profile>/kindred`), or the one named by `KINDRED_BIN`.
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -38,19 +38,13 @@ pub fn kindred_bin() -> PathBuf {
     candidate
 }
 
-/// `n` distinct free loopback TCP ports.
+/// `n` distinct free loopback TCP ports, drawn outside the kernel's ephemeral range
+/// ([`kindred_node::demo::free_ports`]).
 ///
 /// # Panics
-/// When the OS has no free port.
+/// When no free port is found.
 pub fn free_ports(n: usize) -> Vec<u16> {
-    let listeners: Vec<TcpListener> = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("bind: {e}")))
-        .collect();
-    listeners
-        .iter()
-        .filter_map(|l| l.local_addr().ok())
-        .map(|a| a.port())
-        .collect()
+    kindred_node::demo::free_ports(n).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 /// A fresh, unique temporary directory, removed when dropped.
