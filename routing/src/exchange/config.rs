@@ -57,6 +57,14 @@ pub struct ExchangeConfig {
     /// symmetric (it found a cohort whose hub it outranks, the cohort never found it), and the
     /// push is what tells that hub, which then hands the cohort over. Default 2.
     pub idle_rounds: u32,
+    /// A node whose round starts more than this many rounds after the last one it ran (it was
+    /// down, or stalled) and that would be its own hub first joins its next rank for that
+    /// round: it trained nothing while its cohort went on, and members joining it would adopt
+    /// its model, behind theirs (in the node's hub-killed test, a hub back after 6 rounds took
+    /// its cohort back 2 points). Joining takes the next rank's model, after its data checked
+    /// it; the node heads its cohort from the next round, with that model. Default 2 (a round
+    /// skipped because it started late is not a return).
+    pub catch_up_after: u64,
     /// Multi-probe keys (the signature's lowest-margin bits flipped,
     /// [`crate::keys::ProbeSequence`]) a search looks up besides its band keys when, from its
     /// second exchange round on, the node's view holds fewer than
@@ -145,6 +153,7 @@ impl Default for ExchangeConfig {
             warmup_searches: 3,
             search_every: 10,
             idle_rounds: 2,
+            catch_up_after: 2,
             probes: 3,
             search_probes: 1,
             probe_below: 3,

@@ -12,6 +12,13 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
         let hub = self.view.hub();
         let own_hub = self.view.is_own(&hub);
         let rank = self.rank_of(&hub);
+        let catching_up = self.catching_up();
+        // The hub a node catching up joined this round, named to those that push to it.
+        let joined_hub = self
+            .round
+            .as_ref()
+            .and_then(|r| r.hub.clone())
+            .map(|h| (self.rank_of(&h), h));
         let max = self.config.max_pushers;
         let from = push.from.clone();
         let answer = match self.round.as_mut() {
@@ -25,6 +32,12 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
                 (Step::Merging { .. } | Step::CheckOwn { .. } | Step::Done, Role::Hub) => {
                     Answer::Late
                 }
+                // Its own hub, catching up at its next rank (`ExchangeConfig::catch_up_after`):
+                // it names that hub, so the pusher heads or joins it this round.
+                (_, Role::Member) if own_hub && catching_up => match joined_hub {
+                    Some((rank, hub)) => Answer::NotHub { hub, rank },
+                    None => Answer::Late,
+                },
                 // Its own hub, pushing to its next rank as an idle hub
                 // (`ExchangeConfig::idle_rounds`): a hub again next round.
                 (_, Role::Member) if own_hub => Answer::Late,

@@ -100,21 +100,25 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
     pub(super) fn choose(&mut self, now: Millis) {
         let mut hub = self.view.hub();
         // A hub nobody pushed to for `idle_rounds` pushes to its next rank this round: that
-        // hub learns of it and hands its cohort over ([`ExchangeConfig::idle_rounds`]).
+        // hub learns of it and hands its cohort over ([`ExchangeConfig::idle_rounds`]). One
+        // back after missing rounds does too, taking that hub's model first
+        // ([`ExchangeConfig::catch_up_after`]).
         if self.view.is_own(&hub)
-            && self.idle >= self.config.idle_rounds.max(1)
+            && (self.idle >= self.config.idle_rounds.max(1) || self.catching_up())
             && let Some(next) = self.view.cohort().members().next()
         {
             tracing::debug!(
                 ?next,
                 idle = self.idle,
-                "exchange: idle hub pushes to its next rank"
+                catching_up = self.catching_up(),
+                "exchange: its own hub pushes to its next rank"
             );
             hub = next.clone();
         }
         let is_own = self.view.is_own(&hub);
         let rank = self.rank_of(&hub);
-        let joined = self.joined.as_ref() == Some(&hub);
+        // A node back after missing rounds joins anew (its model is behind its hub's).
+        let joined = self.joined.as_ref() == Some(&hub) && !self.catching_up();
         let collect = self.config.timing.collect_permille;
         let answer_ms = self.config.timing.answer_ms;
         let Some(r) = self.round.as_mut().filter(|r| !r.is_done()) else {
@@ -160,7 +164,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
     /// pushing to its next rank (its view's hub is itself) answers them late instead: it
     /// outranks `hub`, and is a hub again next round.
     fn redirect_held(&mut self, hub: &P, rank: u64) {
-        let idle_push = self.view.is_own(&self.view.hub());
+        let idle_push = self.view.is_own(&self.view.hub()) && !self.catching_up();
         let Some(r) = self.round.as_mut() else { return };
         let round = r.number;
         for p in std::mem::take(&mut r.pushes) {
@@ -384,10 +388,17 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
                 let redirects = r.redirects;
                 self.view.learn([(hint, rank)]);
                 if self.view.hub() == hub {
-                    // It pushes to a hub this node will not take (banned, or itself): this
-                    // cohort is not the node's.
+                    // The hub names a hub this node will not take (banned, itself, or one it
+                    // outranks: a hub back from a crash catching up, `catch_up_after`). It
+                    // forgets that hub and, within the round's redirect budget, chooses
+                    // again: the next rank, or itself.
                     self.view.forget(&hub);
-                    self.finish(Apply::Nothing, false);
+                    if redirects > max_redirects {
+                        self.finish(Apply::Nothing, false);
+                    } else {
+                        self.set_step(Step::Packet);
+                        self.choose(now);
+                    }
                 } else if redirects > max_redirects {
                     self.finish(Apply::Nothing, false);
                 } else {

@@ -30,7 +30,9 @@
 //! 2. **Join and push.** Its hub is the lowest rank it knows ([`Cohort::hub`]). Views need not
 //!    be symmetric: a node may outrank a cohort that never found it, and wait for pushes that
 //!    never come. So a hub nobody pushed to for [`ExchangeConfig::idle_rounds`] pushes to its
-//!    next rank for one round; that hub learns of it and hands its cohort over. A node that has
+//!    next rank for one round; that hub learns of it and hands its cohort over. So does a node
+//!    back after missing rounds ([`ExchangeConfig::catch_up_after`]), whose model fell behind
+//!    its cohort's: it takes the next rank's model before it heads them again. A node that has
 //!    not joined that hub first fetches the hub's model and has its own data check it
 //!    ([`ModelVerdict`]); if the data refuses it the node does not push, so another task's node
 //!    never enters a merge. Then it pushes its packet with its view.
@@ -113,6 +115,10 @@ use view::{View, ViewState};
 
 /// The version of [`Snapshot`] this build writes and reads.
 pub const SNAPSHOT_VERSION: u16 = 3;
+
+/// Rounds at most that a node back after missing rounds spends joining its next rank
+/// ([`ExchangeConfig::catch_up_after`]) before it heads its cohort again, caught up or not.
+pub const CATCH_UP_ROUNDS: u64 = 3;
 
 /// Why [`Exchange::restore`] refused a snapshot.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -207,6 +213,11 @@ pub struct Exchange<P, M> {
     /// and nobody pushed to it ([`ExchangeConfig::idle_rounds`]). Not persisted: a restart
     /// costs that many rounds.
     idle: u32,
+    /// A node back after missing rounds ([`ExchangeConfig::catch_up_after`]) joins its next
+    /// rank rather than head its cohort with a stale model, until it applies a merge there or
+    /// until this round ([`CATCH_UP_ROUNDS`] after its return). Not persisted: a restart
+    /// finds the gap again.
+    catch_up_until: Option<u64>,
     /// The first round the node ran: its local rounds, warm-up searches and candidate rounds
     /// count from there (round numbers are the swarm's, the same for every node).
     first_round: Option<u64>,
@@ -232,6 +243,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             told: None,
             listed_to: BTreeMap::new(),
             idle: 0,
+            catch_up_until: None,
             first_round: None,
             last_round: None,
             next_ticket: 0,
@@ -294,6 +306,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             told: None,
             listed_to: BTreeMap::new(),
             idle: 0,
+            catch_up_until: None,
             first_round: snapshot.first_round,
             last_round: snapshot.last_round,
             next_ticket: snapshot.next_ticket,
@@ -441,6 +454,11 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
         round.checked_sub(first.saturating_add(self.config.local_rounds))
     }
 
+    /// Whether the node is back from missing rounds and still catching up (`catch_up_until`).
+    fn catching_up(&self) -> bool {
+        self.catch_up_until.is_some()
+    }
+
     fn set_step(&mut self, step: Step<P, M>) {
         if let Some(r) = self.round.as_mut() {
             r.step = step;
@@ -456,6 +474,14 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
         self.expire();
         if self.first_round.is_none() {
             self.first_round = Some(round);
+        }
+        if self
+            .last_round
+            .is_some_and(|last| round > last.saturating_add(self.config.catch_up_after))
+        {
+            self.catch_up_until = Some(round.saturating_add(CATCH_UP_ROUNDS));
+        } else if self.catch_up_until.is_some_and(|until| round >= until) {
+            self.catch_up_until = None;
         }
         let role = if self.exchange_round(round).is_some() {
             Role::Member
@@ -620,6 +646,10 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             (apply, _) => apply,
         };
         let (round, role) = (r.number, r.role);
+        if role == Role::Member && matches!(apply, Apply::Merge { .. } | Apply::Adopt(_)) {
+            // It took its hub's model (and merge): caught up.
+            self.catch_up_until = None;
+        }
         match role {
             Role::Hub if !r.heard && r.knew_peers => self.idle = self.idle.saturating_add(1),
             Role::Hub if !r.heard => {}

@@ -681,6 +681,200 @@ fn a_hub_nobody_pushes_to_joins_its_next_rank_for_a_round_then_heads_again() {
     ));
 }
 
+#[test]
+fn a_hub_back_after_missing_rounds_takes_its_next_ranks_model_then_heads_again() {
+    let mut node = Node::new(1, 10, config());
+    node.view.learn([(2, 20)]);
+    let (_, report) = idle_round(&mut node, 0);
+    assert_eq!((report.role, report.hub), (Role::Hub, 1));
+    // A round skipped (started late) is no return: it heads its cohort.
+    let gap = config().catch_up_after;
+    let (asked, report) = idle_round(&mut node, gap);
+    assert_eq!((report.role, report.hub), (Role::Hub, 1), "{asked:?}");
+    // Back after missing more rounds: it joins its next rank, fetching its model first, and
+    // names that hub to a peer that pushes to it (one that relearned it from a record).
+    let back = 2 * gap + 1;
+    let t = Millis(back * 1_000);
+    let asked = start(&mut node, back, "p1");
+    let Some(ticket) = asked.iter().find_map(|o| match o {
+        Output::FetchModel { ticket, hub: 2 } => Some(*ticket),
+        _ => None,
+    }) else {
+        panic!("{asked:?}");
+    };
+    node.handle(
+        t.saturating_add(5),
+        Input::PushReceived {
+            from: 3,
+            rank: 30,
+            round: back,
+            packet: "p3",
+            cosine: 0.99,
+            known: Vec::new(),
+        },
+    );
+    drain(&mut node);
+    node.handle(
+        t.saturating_add(6),
+        Input::ModelReceived {
+            ticket,
+            model: Some("m2"),
+        },
+    );
+    let Some(Output::CheckModel { ticket, .. }) = node.poll_output() else {
+        panic!("it checks the model");
+    };
+    node.handle(
+        t.saturating_add(7),
+        Input::ModelChecked {
+            ticket,
+            verdict: ModelVerdict::Adopt,
+        },
+    );
+    let out = drain(&mut node);
+    assert!(
+        out.iter().any(|o| matches!(
+            o,
+            Output::Answer {
+                to: 3,
+                answer: Answer::NotHub { hub: 2, rank: 20 },
+                ..
+            }
+        )),
+        "{out:?}"
+    );
+    assert!(
+        out.iter().any(|o| matches!(o, Output::Push { to: 2, .. })),
+        "{out:?}"
+    );
+    node.handle(
+        t.saturating_add(8),
+        Input::MergeReceived {
+            from: 2,
+            round: back,
+            merge: "merge",
+            cosine: 0.97,
+            listed: vec![(2, 20)],
+        },
+    );
+    let Some(Output::CheckMerge { ticket, .. }) = node.poll_output() else {
+        panic!("it checks the merge");
+    };
+    node.handle(
+        t.saturating_add(9),
+        Input::MergeChecked {
+            ticket,
+            verdict: MergeVerdict::Pass,
+        },
+    );
+    let report = finished(&drain(&mut node)).unwrap();
+    assert_eq!(
+        (report.role, report.hub, report.apply),
+        (
+            Role::Member,
+            2,
+            Apply::Merge {
+                merge: "merge",
+                adopt: Some("m2")
+            }
+        )
+    );
+    // Caught up: it heads its cohort again from the next round.
+    let (_, report) = idle_round(&mut node, back + 1);
+    assert_eq!((report.role, report.hub), (Role::Hub, 1));
+}
+
+#[test]
+fn a_hub_back_that_cannot_catch_up_heads_again_after_a_bound() {
+    let mut node = Node::new(1, 10, config());
+    node.view.learn((2..=5).map(|p| (p, u64::from(p) * 10)));
+    idle_round(&mut node, 0);
+    // The next ranks it joins are silent (and forgotten after misses); it heads again after
+    // the bound, still knowing peers.
+    let back = config().catch_up_after + 1;
+    let roles: Vec<Role> = (back..back + CATCH_UP_ROUNDS + 1)
+        .map(|round| idle_round(&mut node, round).1.role)
+        .collect();
+    let mut expected = vec![Role::Member; CATCH_UP_ROUNDS as usize];
+    expected.push(Role::Hub);
+    assert_eq!(roles, expected);
+    assert!(!node.cohort().is_empty());
+}
+
+#[test]
+fn a_member_told_of_a_hub_it_outranks_forgets_the_one_it_pushed_to_and_heads() {
+    let mut node = Node::new(2, 20, config());
+    node.view.learn([(1, 10)]);
+    node.joined = Some(1);
+    let asked = start(&mut node, 0, "p2");
+    assert!(
+        asked
+            .iter()
+            .any(|o| matches!(o, Output::Push { to: 1, .. })),
+        "{asked:?}"
+    );
+    // Its hub is catching up at a node this one outranks: itself.
+    node.handle(
+        Millis(5),
+        Input::AnswerReceived {
+            from: 1,
+            round: 0,
+            answer: Answer::NotHub { hub: 2, rank: 20 },
+        },
+    );
+    drain(&mut node);
+    node.handle(
+        Millis(6),
+        Input::PushReceived {
+            from: 1,
+            rank: 10,
+            round: 0,
+            packet: "p1",
+            cosine: 0.99,
+            known: Vec::new(),
+        },
+    );
+    assert!(
+        matches!(
+            drain(&mut node).as_slice(),
+            [Output::Answer {
+                to: 1,
+                answer: Answer::Accepted,
+                ..
+            }]
+        ),
+        "it heads this round and takes the push"
+    );
+    assert_eq!(node.hub(), 2);
+}
+
+#[test]
+fn a_member_back_after_missing_rounds_joins_its_hub_anew() {
+    let mut node = Node::new(1, 30, config());
+    node.view.learn([(2, 20)]);
+    node.joined = Some(2);
+    // Joined: it pushes at once.
+    let asked = start(&mut node, 0, "p");
+    assert!(
+        asked
+            .iter()
+            .any(|o| matches!(o, Output::Push { to: 2, .. })),
+        "{asked:?}"
+    );
+    node.handle_timeout(Millis(1_000));
+    drain(&mut node);
+    // Back after missing rounds: its model is behind its hub's, so it fetches it again.
+    let back = config().catch_up_after + 1;
+    let asked = start(&mut node, back, "p");
+    assert!(
+        asked
+            .iter()
+            .any(|o| matches!(o, Output::FetchModel { hub: 2, .. }))
+            && !asked.iter().any(|o| matches!(o, Output::Push { .. })),
+        "{asked:?}"
+    );
+}
+
 fn probes_asked(asked: &[Output<u32, &'static str>]) -> Option<usize> {
     asked.iter().find_map(|o| match o {
         Output::Search { probes, .. } => Some(*probes),
