@@ -196,6 +196,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
                 (p.clone(), fresh)
             })
             .collect();
+        self.mates.clone_from(&members);
         if let Some(r) = self.round.as_mut() {
             r.served = Some(Served {
                 merge: merge.clone(),

@@ -493,6 +493,11 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
                     Joining::Adopt(model) => Some(model),
                     Joining::Member | Joining::Keep => None,
                 };
+                if !listed.is_empty() {
+                    self.mates = listed.iter().map(|(p, _)| p.clone()).collect();
+                } else if self.joined.as_ref() != Some(&hub) {
+                    self.mates.clear();
+                }
                 self.joined = Some(hub);
                 self.view.merged(cosine);
                 // The hub's view, itself included, less the lower ranks it has not joined.

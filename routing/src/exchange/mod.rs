@@ -47,7 +47,8 @@
 //! 4. **Check and apply.** A member has every merge checked (direction and norm; and on its
 //!    data once it has joined) and applies it, or applies its own update and strikes the hub
 //!    ([`crate::HUB_STRIKES`] strikes ban it). The first merge of a hub it joins comes with the
-//!    hub's model, adopted first, so the cohort holds one model.
+//!    hub's model, adopted first, so the cohort holds one model. A new rank window that moves
+//!    the hub to another peer of the node's cohort needs no model fetch (`mates`).
 //!
 //! # Time and faults
 //! Every wait has a deadline inside the round: a search ends by [`Timing::search_permille`], a
@@ -84,7 +85,7 @@
 //! identity from being a hub for longer than a window; they do not stop an attacker who grinds
 //! a key per window ahead of time (the window number is public: [`crate::hub_rank_at`] says
 //! why). Such a hub still faces every member's checks: with a fifth of the nodes hostile and
-//! ranked lowest in every window, honest nodes lost 0.63 ± 0.48 point (`kindred-sim learn
+//! ranked lowest in every window, honest nodes lost 0.60 ± 0.48 point (`kindred-sim learn
 //! --nodes 64 --setting label --hostile 0.2 --hostile-low-rank --seed 1..3`).
 //!
 //! # Persistence
@@ -218,6 +219,11 @@ pub struct Exchange<P, M> {
     /// until this round ([`CATCH_UP_ROUNDS`] after its return). Not persisted: a restart
     /// finds the gap again.
     catch_up_until: Option<u64>,
+    /// The peers of the node's last cohort: a hub's members served its last merge, a member's
+    /// peers listed by its hub with a merge it applied. A new rank window that makes one of them
+    /// the node's hub moves the hub within the cohort, whose members hold one model: the node
+    /// joins it without fetching that model (its data checks every merge of it). Not persisted.
+    mates: Vec<P>,
     /// The first round the node ran: its local rounds, warm-up searches and candidate rounds
     /// count from there (round numbers are the swarm's, the same for every node).
     first_round: Option<u64>,
@@ -244,6 +250,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             listed_to: BTreeMap::new(),
             idle: 0,
             catch_up_until: None,
+            mates: Vec::new(),
             first_round: None,
             last_round: None,
             next_ticket: 0,
@@ -307,6 +314,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             listed_to: BTreeMap::new(),
             idle: 0,
             catch_up_until: None,
+            mates: Vec::new(),
             first_round: snapshot.first_round,
             last_round: snapshot.last_round,
             next_ticket: snapshot.next_ticket,
@@ -335,6 +343,15 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
         self.view.rerank(rank);
         self.told = None;
         self.listed_to.clear();
+        // The window moved the hub within the node's cohort: no model to fetch.
+        let hub = self.view.hub();
+        if self.joined.is_some() && !self.view.is_own(&hub) && self.mates.contains(&hub) {
+            tracing::debug!(
+                ?hub,
+                "exchange: a new rank window moves the hub within the cohort"
+            );
+            self.joined = Some(hub);
+        }
     }
 
     /// The node's cohort view.

@@ -600,6 +600,80 @@ fn a_new_rank_window_can_move_the_hub() {
     assert_eq!(node.window_of(250), 2);
 }
 
+/// A hub that served a merge of its members `members` in round 0.
+fn hub_that_served(members: &[(u32, u64)]) -> Node {
+    let mut node = Node::new(1, 10, config());
+    node.handle(
+        Millis(0),
+        Input::RoundStart {
+            round: 0,
+            deadline: Millis(1_000),
+        },
+    );
+    for &(from, rank) in members {
+        push(&mut node, Millis(1), (from, rank), "p", 0.99);
+    }
+    node.handle(
+        Millis(2),
+        Input::PacketReady {
+            round: 0,
+            packet: "p1",
+        },
+    );
+    node.handle(
+        Millis(3),
+        Input::SearchDone {
+            round: 0,
+            headers: Vec::new(),
+        },
+    );
+    node.handle_timeout(Millis(600));
+    let Some(ticket) = drain(&mut node).iter().find_map(|o| match o {
+        Output::Merge { ticket, .. } => Some(*ticket),
+        _ => None,
+    }) else {
+        panic!("the hub merges");
+    };
+    node.handle(
+        Millis(650),
+        Input::MergeComputed {
+            ticket,
+            merge: Some("merge"),
+        },
+    );
+    let report = finished(&drain(&mut node)).unwrap();
+    assert_eq!(report.role, Role::Hub);
+    node
+}
+
+#[test]
+fn a_new_rank_window_that_moves_the_hub_within_the_cohort_needs_no_model_fetch() {
+    // The window makes member 2 the cohort's hub: the old hub pushes to it at once.
+    let mut node = hub_that_served(&[(2, 20), (3, 30)]);
+    node.rerank(1, |p| [0, 50, 5, 60][*p as usize]);
+    assert_eq!(node.hub(), 2);
+    let asked = start(&mut node, 1, "p1");
+    assert!(
+        asked
+            .iter()
+            .any(|o| matches!(o, Output::Push { to: 2, .. }))
+            && !asked.iter().any(|o| matches!(o, Output::FetchModel { .. })),
+        "{asked:?}"
+    );
+    // A peer that was not in the cohort (it only pushed after the merge) is joined anew.
+    let mut node = hub_that_served(&[(2, 20)]);
+    node.view.learn([(3, 30)]);
+    node.rerank(1, |p| [0, 50, 60, 5][*p as usize]);
+    assert_eq!(node.hub(), 3);
+    let asked = start(&mut node, 1, "p1");
+    assert!(
+        asked
+            .iter()
+            .any(|o| matches!(o, Output::FetchModel { hub: 3, .. })),
+        "{asked:?}"
+    );
+}
+
 /// Runs round `round` to its deadline (a search finds nobody); returns the node's outputs and
 /// its report.
 fn idle_round(
