@@ -58,12 +58,13 @@ pub struct ExchangeConfig {
     /// push is what tells that hub, which then hands the cohort over. Default 2.
     pub idle_rounds: u32,
     /// A node whose round starts more than this many rounds after the last one it ran (it was
-    /// down, or stalled) and that would be its own hub first joins its next rank for that
-    /// round: it trained nothing while its cohort went on, and members joining it would adopt
-    /// its model, behind theirs (in the node's hub-killed test, a hub back after 6 rounds took
-    /// its cohort back 2 points). Joining takes the next rank's model, after its data checked
-    /// it; the node heads its cohort from the next round, with that model. Default 2 (a round
-    /// skipped because it started late is not a return).
+    /// down, or stalled) first joins its next rank (or its hub, anew) and takes that model,
+    /// after its data checked it: it trained nothing while its cohort went on, and members
+    /// joining it would adopt its model, behind theirs (in the node's hub-killed test, a hub
+    /// back after 6 rounds took its cohort back 2 points). Meanwhile it names that hub to
+    /// whoever pushes to it. It heads its cohort again once it applied a merge there, or after
+    /// [`super::CATCH_UP_ROUNDS`] rounds. Default 2 (a round skipped because it started late is
+    /// not a return).
     pub catch_up_after: u64,
     /// Multi-probe keys (the signature's lowest-margin bits flipped,
     /// [`crate::keys::ProbeSequence`]) a search looks up besides its band keys when, from its

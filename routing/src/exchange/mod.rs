@@ -20,8 +20,8 @@
 //! late warms up like one that started with the swarm. Then, each round:
 //! 1. **Search.** A node that is its own hub searches its band keys in exchange rounds
 //!    `0..warmup_searches` and then every [`ExchangeConfig::search_every`] (and in rounds
-//!    4, 8, 16, ... while it knows nobody); while cohorts form
-//!    ([`ExchangeConfig::candidate_rounds`]) only hub candidates ([`crate::is_hub_candidate`])
+//!    4, 8, 16, ... while it knows nobody, and in the round after it lost every peer it knew);
+//!    while cohorts form ([`ExchangeConfig::candidate_rounds`]) only hub candidates ([`crate::is_hub_candidate`])
 //!    and nodes whose earlier search found nobody announce, the others look up only. While its
 //!    view is small after its first search (a small task, or a fragment of one) it looks up
 //!    [`ExchangeConfig::probes`] multi-probe keys too, and [`ExchangeConfig::search_probes`]
@@ -506,6 +506,8 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             Role::Local
         };
         self.last_round = Some(round);
+        let knows = !self.view.cohort().is_empty();
+        let lost_peers = !knows && self.round.as_ref().is_some_and(|r| r.knew_peers);
         self.round = Some(Round {
             number: round,
             start: now,
@@ -520,7 +522,8 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             retries: 0,
             served: None,
             heard: false,
-            knew_peers: !self.view.cohort().is_empty(),
+            knew_peers: knows,
+            lost_peers,
         });
     }
 

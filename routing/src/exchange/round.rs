@@ -102,6 +102,9 @@ pub(super) struct Round<P, M> {
     /// The node knew peers when the round started (only then can a hub be idle: peers that
     /// met it in this round's searches push from the next).
     pub(super) knew_peers: bool,
+    /// The node knew peers when its last round started and knows none now (it refused or lost
+    /// them all): it searches this round rather than wait for its next scheduled search.
+    pub(super) lost_peers: bool,
 }
 
 /// A hub's merge of the round, kept for the members that ask for it again.

@@ -711,6 +711,20 @@ fn a_node_that_knows_nobody_searches_in_the_warm_up_at_powers_of_two_and_every_s
 }
 
 #[test]
+fn a_node_that_lost_every_peer_it_knew_searches_in_its_next_round() {
+    let mut node = Node::new(1, 30, config()).with_first_round(0);
+    node.view.learn([(2, 20)]);
+    // Exchange round 5 is no search round: it joins its hub.
+    let (asked, _) = idle_round(&mut node, 5);
+    assert!(!searches(&asked), "{asked:?}");
+    // It refuses its only peer (a lying hub, say): it looks for its task at once...
+    node.view.forget(&2);
+    assert!(searches(&idle_round(&mut node, 6).0));
+    // ...and then keeps to its schedule while it still knows nobody.
+    assert!(!searches(&idle_round(&mut node, 7).0));
+}
+
+#[test]
 fn a_hub_nobody_pushes_to_joins_its_next_rank_for_a_round_then_heads_again() {
     let mut node = Node::new(1, 10, config());
     node.view.learn([(2, 20)]);
