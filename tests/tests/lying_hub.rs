@@ -44,9 +44,8 @@ fn a_hub_serving_scaled_merges_is_refused_and_left() {
 /// shard no more than an honest merge does (measured in `kindred-sim learn --nodes 64`, seeds
 /// 1-2 of iid, label and rotation: an honest merge scored 0.05-0.14 below the member's own
 /// step on its shard at the 1st percentile, a rolled one 0.02-0.07 below at the median), so no
-/// check of a single merge separates them. The output layer's direction alone overlaps too
-/// (BENCHMARKS.md, ideas table); measured against an average of the member's recent updates
-/// it may not.
+/// check of a single merge separates them. Nor does the output layer's direction, against
+/// one update or a decaying sum of the member's updates (BENCHMARKS.md, ideas table).
 #[test]
 #[ignore = "open: no per-merge check separates another task's merge (BENCHMARKS.md, hostile inputs)"]
 fn a_hub_serving_another_tasks_merges_is_refused_and_left() {
