@@ -17,6 +17,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
         let joined_hub = self
             .round
             .as_ref()
+            .filter(|_| catching_up)
             .and_then(|r| r.hub.clone())
             .map(|h| (self.rank_of(&h), h));
         let max = self.config.max_pushers;

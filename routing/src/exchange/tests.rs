@@ -654,10 +654,7 @@ fn a_new_rank_window_that_moves_the_hub_within_the_cohort_needs_no_model_fetch()
     assert_eq!(node.hub(), 2);
     let asked = start(&mut node, 1, "p1");
     assert!(
-        asked
-            .iter()
-            .any(|o| matches!(o, Output::Push { to: 2, .. }))
-            && !asked.iter().any(|o| matches!(o, Output::FetchModel { .. })),
+        pushes_to(&asked, 2) && !asked.iter().any(|o| matches!(o, Output::FetchModel { .. })),
         "{asked:?}"
     );
     // A peer that was not in the cohort (it only pushed after the merge) is joined anew.
@@ -666,12 +663,7 @@ fn a_new_rank_window_that_moves_the_hub_within_the_cohort_needs_no_model_fetch()
     node.rerank(1, |p| [0, 50, 60, 5][*p as usize]);
     assert_eq!(node.hub(), 3);
     let asked = start(&mut node, 1, "p1");
-    assert!(
-        asked
-            .iter()
-            .any(|o| matches!(o, Output::FetchModel { hub: 3, .. })),
-        "{asked:?}"
-    );
+    assert!(fetches_from(&asked, 3), "{asked:?}");
 }
 
 /// Runs round `round` to its deadline (a search finds nobody); returns the node's outputs and
@@ -698,6 +690,18 @@ fn idle_round(
 
 fn searches(asked: &[Output<u32, &'static str>]) -> bool {
     asked.iter().any(|o| matches!(o, Output::Search { .. }))
+}
+
+fn pushes_to(asked: &[Output<u32, &'static str>], hub: u32) -> bool {
+    asked
+        .iter()
+        .any(|o| matches!(o, Output::Push { to, .. } if *to == hub))
+}
+
+fn fetches_from(asked: &[Output<u32, &'static str>], from: u32) -> bool {
+    asked
+        .iter()
+        .any(|o| matches!(o, Output::FetchModel { hub, .. } if *hub == from))
 }
 
 #[test]
@@ -736,12 +740,7 @@ fn a_hub_nobody_pushes_to_joins_its_next_rank_for_a_round_then_heads_again() {
     // Nobody pushed for `idle_rounds`: it joins its next rank (fetches its model first).
     let round = u64::from(idle);
     let (asked, report) = idle_round(&mut node, round);
-    assert!(
-        asked
-            .iter()
-            .any(|o| matches!(o, Output::FetchModel { hub: 2, .. })),
-        "{asked:?}"
-    );
+    assert!(fetches_from(&asked, 2), "{asked:?}");
     assert_eq!((report.role, report.hub), (Role::Member, 2));
     // That round over, it heads its cohort again, and a push is held for its admission.
     let round = round + 1;
@@ -895,12 +894,7 @@ fn a_member_told_of_a_hub_it_outranks_forgets_the_one_it_pushed_to_and_heads() {
     node.view.learn([(1, 10)]);
     node.joined = Some(1);
     let asked = start(&mut node, 0, "p2");
-    assert!(
-        asked
-            .iter()
-            .any(|o| matches!(o, Output::Push { to: 1, .. })),
-        "{asked:?}"
-    );
+    assert!(pushes_to(&asked, 1), "{asked:?}");
     // Its hub is catching up at a node this one outranks: itself.
     node.handle(
         Millis(5),
@@ -943,22 +937,14 @@ fn a_member_back_after_missing_rounds_joins_its_hub_anew() {
     node.joined = Some(2);
     // Joined: it pushes at once.
     let asked = start(&mut node, 0, "p");
-    assert!(
-        asked
-            .iter()
-            .any(|o| matches!(o, Output::Push { to: 2, .. })),
-        "{asked:?}"
-    );
+    assert!(pushes_to(&asked, 2), "{asked:?}");
     node.handle_timeout(Millis(1_000));
     drain(&mut node);
     // Back after missing rounds: its model is behind its hub's, so it fetches it again.
     let back = config().catch_up_after + 1;
     let asked = start(&mut node, back, "p");
     assert!(
-        asked
-            .iter()
-            .any(|o| matches!(o, Output::FetchModel { hub: 2, .. }))
-            && !asked.iter().any(|o| matches!(o, Output::Push { .. })),
+        fetches_from(&asked, 2) && !asked.iter().any(|o| matches!(o, Output::Push { .. })),
         "{asked:?}"
     );
 }
