@@ -14,8 +14,8 @@
 //!   Averaging shrinks noise, so an honest merge is shorter than a member's own update; a
 //!   scaled one is not.
 //!
-//! A member whose check fails applies its own update for the round; two failures in a row ban
-//! the hub (`kindred_routing::HUB_STRIKES`).
+//! A member whose check fails applies its own update for the round and bans the hub for a
+//! while (`kindred_routing::exchange::ExchangeConfig::ban_rounds`).
 //!
 //! Before a member first pushes to a hub it also asks its own data about the hub's model
 //! ([`check_by_data`]): another task's model, or a corrupted one, keeps little of what the

@@ -144,7 +144,7 @@ impl SynthConfig {
     /// updates of one task sit at cosine 0 ± 0.035 with each other. In a cohort of a few the
     /// spread cannot be read, so a gate at 0 left about half of the members out of each merge,
     /// and a member whose update is left out finds the merge orthogonal to its own and refuses
-    /// it (`check_aggregate`): `kindred demo` (cohorts of 4) lost its cohorts to strikes by
+    /// it (`check_aggregate`): `kindred demo` (cohorts of 4) lost its cohorts to refusals by
     /// round 12, and a gate at −0.1 still left members out. A small cohort's members were each
     /// admitted by the hub's gate on their embeddings and check the merge on their own data, so
     /// the merge's cosine gate adds little there.

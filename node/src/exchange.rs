@@ -1,7 +1,7 @@
 //! The hub exchange in the node: the network driver of `kindred_routing::exchange::Exchange`.
 //!
 //! The exchange core decides everything (who searches, whom the node pushes to, joining,
-//! admission, what a member accepts, strikes and bans, deadlines); the simulator drives the
+//! admission, what a member accepts, bans, deadlines); the simulator drives the
 //! same core in virtual time. This driver does what the core asks, over the network and on the
 //! node's own model and data:
 //! - **Messages**: a push and its answer, a merge fetch and the merge, ride the routing task's
@@ -680,7 +680,7 @@ impl HubDriver {
             Output::FetchMerge { hub, round } => self.poll_merge(hub, round),
             Output::Ban { peer } => {
                 self.stats.bans += 1;
-                tracing::warn!(%peer, "exchange: peer banned (its merges or model failed twice)");
+                tracing::warn!(%peer, "exchange: peer banned (its merge failed a check, or its model twice)");
                 let routing = self.routing.clone();
                 self.ops.push(Box::pin(async move {
                     routing.report_invalid(peer, "exchange_ban").await;

@@ -15,10 +15,10 @@
 //! with a **rank** derived from its identity ([`hub_rank`]). A member's hub is the
 //! lowest-ranked peer it knows, itself included, and the hub's answer lists the hub's own view
 //! (less the lower ranks it has not joined yet, [`Cohort::listed`]), so the views of a connected
-//! cohort grow to the same set within a few rounds and its members agree on the hub. A hub whose merged update fails a member's check (`kindred_distill::
-//! check_aggregate`) twice in a row ([`HUB_STRIKES`]) is banned by that member, which moves on to
-//! the next rank; a hub that refuses a member (another task) is forgotten, and may be relearned
-//! later. A hub admits pushers against the nearest of them and its [`Cohort::anchor`], the
+//! cohort grow to the same set within a few rounds and its members agree on the hub. A hub whose
+//! merged update (or model) fails a member's check is banned by that member ([`Cohort::ban`]),
+//! which moves on to the next rank; its driver lifts the ban after a while ([`Cohort::unban`],
+//! the exchange's `ban_rounds`). A hub admits pushers against the nearest of them and its [`Cohort::anchor`], the
 //! cosine of its own task's nearest peer at its last merge, so a hub left by its own task's
 //! members is not taken over by another task's.
 //!
@@ -29,11 +29,13 @@
 //! assert_eq!(view.hub(), "me"); // alone: its own hub
 //! view.learn([("a", 70), ("b", 20)]);
 //! assert_eq!(view.hub(), "b"); // the lowest rank
-//! assert!(!view.failed(&"b")); // its merged update failed the check once
-//! assert!(view.failed(&"b")); // twice in a row: banned
+//! view.ban(&"b"); // its merged update failed the check
 //! assert_eq!(view.hub(), "me");
 //! view.learn([("b", 20)]); // a banned peer is not learned again
 //! assert_eq!(view.hub(), "me");
+//! view.unban(&"b");
+//! view.learn([("b", 20)]);
+//! assert_eq!(view.hub(), "b");
 //! ```
 
 /// The rank of a peer identity (its encoded bytes) in the hub order: the first 8 bytes of its
@@ -108,16 +110,10 @@ pub struct Cohort<P> {
     /// Known peers, sorted by `(rank, peer)`.
     members: Vec<(u64, P)>,
     banned: Vec<P>,
-    /// Consecutive failed checks of peers' merges.
-    strikes: Vec<(P, u32)>,
     max_members: usize,
     /// Sketch cosine of the nearest peer of the last merge the node took part in.
     anchor: Option<f32>,
 }
-
-/// Consecutive failed checks after which a hub is banned ([`Cohort::failed`]). One failure is
-/// not proof: an honest merge of many members leans only slightly toward any one of them.
-pub const HUB_STRIKES: u32 = 2;
 
 impl<P: Clone + Ord> Cohort<P> {
     /// A view holding only the node itself (`own` at `own_rank`), keeping at most `max_members`
@@ -128,7 +124,6 @@ impl<P: Clone + Ord> Cohort<P> {
             own_rank,
             members: Vec::new(),
             banned: Vec::new(),
-            strikes: Vec::new(),
             max_members,
             anchor: None,
         }
@@ -237,39 +232,18 @@ impl<P: Clone + Ord> Cohort<P> {
         self.members.is_empty()
     }
 
-    /// `peer`'s merge failed the node's check: returns whether that was its
-    /// [`HUB_STRIKES`]-th failure in a row, which bans it.
-    pub fn failed(&mut self, peer: &P) -> bool {
-        let count = match self.strikes.iter_mut().find(|(p, _)| p == peer) {
-            Some((_, c)) => {
-                *c += 1;
-                *c
-            }
-            None => {
-                self.strikes.push((peer.clone(), 1));
-                1
-            }
-        };
-        if count >= HUB_STRIKES {
-            self.ban(peer);
-            true
-        } else {
-            false
-        }
-    }
-
-    /// `peer`'s merge passed the node's check: its failures start again from zero.
-    pub fn passed(&mut self, peer: &P) {
-        self.strikes.retain(|(p, _)| p != peer);
-    }
-
-    /// Drop `peer` for good: its merged update failed the node's check.
+    /// Drop `peer` and learn it no more until [`Cohort::unban`]: its merged update or its
+    /// model failed the node's check.
     pub fn ban(&mut self, peer: &P) {
-        self.strikes.retain(|(p, _)| p != peer);
         self.forget(peer);
         if *peer != self.own && !self.banned.contains(peer) {
             self.banned.push(peer.clone());
         }
+    }
+
+    /// Lift `peer`'s ban: it may be learned again.
+    pub fn unban(&mut self, peer: &P) {
+        self.banned.retain(|p| p != peer);
     }
 
     /// The node merged with a peer at sketch cosine `cosine`, the nearest of that merge: as a
@@ -365,12 +339,11 @@ mod tests {
         c.forget(&10);
         assert_eq!(c.hub(), 9);
         assert_eq!(c.learn([(10, 90)]), 1, "a forgotten peer can be relearned");
-        assert!(!c.failed(&10));
-        c.passed(&10);
-        assert!(!c.failed(&10), "a pass resets the strikes");
-        assert!(c.failed(&10));
-        assert_eq!(c.learn([(10, 90)]), 0);
+        c.ban(&10);
+        assert_eq!(c.learn([(10, 90)]), 0, "a banned peer is not relearned");
         assert_eq!(c.len(), 2);
+        c.unban(&10);
+        assert_eq!(c.learn([(10, 90)]), 1, "until its ban is lifted");
     }
 
     proptest! {

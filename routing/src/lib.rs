@@ -63,7 +63,7 @@ pub mod store;
 pub mod transport;
 pub mod wire;
 
-pub use cohort::{Cohort, HUB_STRIKES, hub_rank, hub_rank_at, is_hub_candidate};
+pub use cohort::{Cohort, hub_rank, hub_rank_at, is_hub_candidate};
 pub use config::{
     ConnectionConfig, CoreConfig, CosineGate, KadConfig, KadMode, LookupConfig, RoutingConfig,
     TransportConfig, TransportKind,

@@ -98,7 +98,7 @@ pub enum ModelVerdict {
     /// fetch): the node keeps its model and applies the hub's merges to it.
     Keep,
     /// The data refuses the model (another task's, or corrupted): the node does not push,
-    /// strikes the hub and takes the next rank.
+    /// forgets the hub (bans it if it refused its model before) and takes the next rank.
     Refuse,
 }
 
@@ -107,11 +107,10 @@ pub enum ModelVerdict {
 pub enum MergeVerdict {
     /// Every check asked for passed.
     Pass,
-    /// Direction or norm against the node's own update failed (`check_aggregate`): a strike
-    /// against the hub ([`crate::HUB_STRIKES`]).
+    /// Direction or norm against the node's own update failed (`check_aggregate`): the node
+    /// bans the hub ([`super::ExchangeConfig::ban_rounds`]).
     Aggregate,
-    /// The node's own data refused it (`check_by_data`): the hub is forgotten, and banned at
-    /// its second failure in a row.
+    /// The node's own data refused it (`check_by_data`): the node bans the hub.
     Data,
 }
 
@@ -368,8 +367,9 @@ pub enum Output<P, M> {
         /// The round.
         round: u64,
     },
-    /// The node banned `peer` (its merges or models failed twice in a row): the driver may ban
-    /// it at the network layer too.
+    /// The node banned `peer` for [`super::ExchangeConfig::ban_rounds`] (its merge failed a
+    /// check, its model twice, or its data refused the node's): the driver may penalise it at
+    /// the network layer too.
     Ban {
         /// The peer.
         peer: P,

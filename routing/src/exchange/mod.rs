@@ -45,8 +45,8 @@
 //!    data checks the merge: refused, it heads another task's cohort and serves nobody.
 //!    Otherwise it serves the merge with its view ([`Cohort::listed`]) and learns its members'.
 //! 4. **Check and apply.** A member has every merge checked (direction and norm; and on its
-//!    data once it has joined) and applies it, or applies its own update and strikes the hub
-//!    ([`crate::HUB_STRIKES`] strikes ban it). The first merge of a hub it joins comes with the
+//!    data once it has joined) and applies it, or applies its own update and bans the hub for
+//!    [`ExchangeConfig::ban_rounds`]. The first merge of a hub it joins comes with the
 //!    hub's model, adopted first, so the cohort holds one model. A new rank window that moves
 //!    the hub to another peer of the node's cohort needs no model fetch (`mates`).
 //!
@@ -63,10 +63,10 @@
 //! A node that is not its own hub answers a push with the hub it pushes to
 //! ([`Answer::NotHub`]), once its own data has checked that hub's model (until then it holds
 //! the push), and the pusher follows within the round. A member whose data refuses a hub's
-//! model takes the next rank within the round too; one whose merge check fails strikes the
-//! hub and takes the next rank from its next round. Every round started ends
-//! with exactly one [`Output::Finished`], at the latest when the driver calls
-//! [`Exchange::handle_timeout`] at the deadline.
+//! model forgets it (bans it the second time) and takes the next rank within the round too;
+//! one whose merge check fails bans the hub and takes the next rank from its next round. Every
+//! round started ends with exactly one [`Output::Finished`], at the latest when the driver
+//! calls [`Exchange::handle_timeout`] at the deadline.
 //!
 //! # Views on the wire
 //! A push names the member's view and a merge the hub's ([`Cohort::listed`]), each the
@@ -84,12 +84,13 @@
 //! can waste a member's round (a miss), not change its model. Ranks by window keep one ground
 //! identity from being a hub for longer than a window; they do not stop an attacker who grinds
 //! a key per window ahead of time (the window number is public: [`crate::hub_rank_at`] says
-//! why). Such a hub still faces every member's checks: with a fifth of the nodes hostile and
-//! ranked lowest in every window, honest nodes lost 0.60 ± 0.48 point (`kindred-sim learn
-//! --nodes 64 --setting label --hostile 0.2 --hostile-low-rank --seed 1..3`).
+//! why). Such a hub still faces every member's checks, and one failed merge bans it
+//! ([`ExchangeConfig::ban_rounds`]): with a fifth of the nodes hostile and ranked lowest in
+//! every window, honest nodes lost 0.38 ± 0.27 point (`kindred-sim learn --nodes 64 --setting
+//! label --hostile 0.2 --hostile-low-rank --seed 1..3`).
 //!
 //! # Persistence
-//! [`Exchange::snapshot`] is what survives a restart (the view, bans and strikes, the hub
+//! [`Exchange::snapshot`] is what survives a restart (the view, its bans and their ends, the hub
 //! joined, the misses, the first round), versioned ([`SNAPSHOT_VERSION`]);
 //! [`Exchange::restore`] takes it back. A round in flight is not part of it: a restored node
 //! begins at its next round, as a crashed one would.
@@ -115,7 +116,7 @@ use round::{Round, Step};
 use view::{View, ViewState};
 
 /// The version of [`Snapshot`] this build writes and reads.
-pub const SNAPSHOT_VERSION: u16 = 3;
+pub const SNAPSHOT_VERSION: u16 = 4;
 
 /// Rounds at most that a node back after missing rounds spends joining its next rank
 /// ([`ExchangeConfig::catch_up_after`]) before it heads its cohort again, caught up or not.
@@ -489,6 +490,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
         }
         // A round still open ends now, as at its deadline.
         self.expire();
+        self.view.lift_bans(round);
         if self.first_round.is_none() {
             self.first_round = Some(round);
         }
@@ -555,11 +557,24 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
         }
     }
 
-    /// Forget `p`, or ban it at its second failure in a row.
+    /// Ban `p` for [`ExchangeConfig::ban_rounds`] from the round now open (or the last one).
+    /// A hub relearned after its ban is joined anew: its model is checked again.
     fn refuse(&mut self, p: &P) {
-        if self.view.refuse(p) {
-            self.out.push_back(Output::Ban { peer: p.clone() });
+        if self.view.is_own(p) {
+            return;
         }
+        if self.joined.as_ref() == Some(p) {
+            self.joined = None;
+        }
+        let round = self
+            .round
+            .as_ref()
+            .map(|r| r.number)
+            .or(self.last_round)
+            .unwrap_or(0);
+        self.view
+            .ban(p, round.saturating_add(self.config.ban_rounds.max(1)));
+        self.out.push_back(Output::Ban { peer: p.clone() });
     }
 
     /// `hub` missed: after `max_misses` in a row the node forgets it (and checks its model

@@ -273,6 +273,126 @@ fn a_member_with_no_merge_applies_its_own_update_and_drops_a_silent_hub() {
 }
 
 #[test]
+fn a_hub_whose_merge_fails_is_banned_at_once_and_joined_anew_when_its_ban_ends() {
+    let config = ExchangeConfig {
+        ban_rounds: 3,
+        ..config()
+    };
+    let mut member = Node::new(2, 20, config);
+    member.view.learn([(1, 10), (3, 30)]);
+    member.joined = Some(1);
+    let out = start(&mut member, 4, "p2");
+    assert!(pushes_to(&out, 1), "{out:?}");
+    member.handle(
+        Millis(4_010),
+        Input::AnswerReceived {
+            from: 1,
+            round: 4,
+            answer: Answer::Accepted,
+        },
+    );
+    member.handle(
+        Millis(4_700),
+        Input::MergeReceived {
+            from: 1,
+            round: 4,
+            merge: "lie",
+            cosine: 0.97,
+            listed: Vec::new(),
+        },
+    );
+    let Some(Output::CheckMerge { ticket, .. }) = member.poll_output() else {
+        panic!("the member checks the merge");
+    };
+    member.handle(
+        Millis(4_710),
+        Input::MergeChecked {
+            ticket,
+            verdict: MergeVerdict::Aggregate,
+        },
+    );
+    let out = drain(&mut member);
+    assert!(
+        matches!(out.first(), Some(Output::Ban { peer: 1 })),
+        "one failed merge bans: {out:?}"
+    );
+    assert_eq!(finished(&out).unwrap().apply, Apply::Own("p2"));
+    assert_eq!(member.joined(), None);
+    // Banned for rounds 5 and 6: told of it again, the member does not take it back.
+    for round in 5..7 {
+        let out = start(&mut member, round, "p2");
+        assert!(!pushes_to(&out, 1) && !fetches_from(&out, 1), "{out:?}");
+        assert_eq!(member.view.learn([(1, 10)]), 0);
+        member.handle_timeout(Millis(round * 1_000 + 1_000));
+        let _ = drain(&mut member);
+    }
+    // From round 7 it may learn it again, and joins it anew: its model is checked first.
+    let _ = start(&mut member, 7, "p2");
+    assert_eq!(member.view.learn([(1, 10)]), 1);
+    member.handle_timeout(Millis(8_000));
+    let _ = drain(&mut member);
+    let out = start(&mut member, 8, "p2");
+    assert!(fetches_from(&out, 1), "{out:?}");
+}
+
+/// Refuse the model the node fetches from `hub` in `out` (its data refuses it).
+fn refuse_model(
+    node: &mut Node,
+    out: &[Output<u32, &'static str>],
+    hub: u32,
+) -> Vec<Output<u32, &'static str>> {
+    let ticket = out
+        .iter()
+        .find_map(|o| match o {
+            Output::FetchModel { ticket, hub: h } if *h == hub => Some(*ticket),
+            _ => None,
+        })
+        .expect("a model fetch");
+    node.handle(
+        Millis(0),
+        Input::ModelReceived {
+            ticket,
+            model: Some("m"),
+        },
+    );
+    let Some(Output::CheckModel { ticket, .. }) = node.poll_output() else {
+        panic!("the model is checked");
+    };
+    node.handle(
+        Millis(0),
+        Input::ModelChecked {
+            ticket,
+            verdict: ModelVerdict::Refuse,
+        },
+    );
+    drain(node)
+}
+
+#[test]
+fn a_hub_whose_model_is_refused_is_forgotten_then_banned_the_second_time() {
+    let mut member = Node::new(2, 20, config());
+    member.view.learn([(1, 10)]);
+    let out = start(&mut member, 0, "p2");
+    let after = refuse_model(&mut member, &out, 1);
+    assert!(
+        !after.iter().any(|o| matches!(o, Output::Ban { .. })),
+        "{after:?}"
+    );
+    assert_eq!(member.hub(), 2, "it forgets the hub and heads itself");
+    member.handle_timeout(Millis(1_000));
+    let _ = drain(&mut member);
+    // Relearned (a search, a listing), its model is refused again: banned.
+    assert_eq!(member.view.learn([(1, 10)]), 1);
+    let out = start(&mut member, 1, "p2");
+    let after = refuse_model(&mut member, &out, 1);
+    assert!(
+        after.iter().any(|o| matches!(o, Output::Ban { peer: 1 })),
+        "{after:?}"
+    );
+    assert_eq!(member.view.learn([(1, 10)]), 0);
+}
+
+#[test]
 fn a_member_its_hub_refuses_joins_it_anew_and_takes_its_model_if_refused_again() {
     let mut member = Node::new(2, 20, config());
     member.view.learn([(1, 10)]);
@@ -425,9 +545,8 @@ fn a_hub_refuses_what_its_gate_does_not_admit_and_a_non_hub_names_its_hub() {
 fn a_snapshot_restores_the_same_behaviour_and_refuses_other_versions() {
     let mut node = Node::new(2, 20, config());
     node.view.learn([(1, 10), (3, 30), (4, 40)]);
-    node.view.failed(&4);
-    node.view.refuse(&3);
-    node.view.refuse(&3);
+    node.view.ban(&3, 5);
+    node.view.ban(&4, 1);
     node.view.merged(0.93);
     node.joined = Some(1);
     let _ = start(&mut node, 0, "p");
@@ -439,8 +558,8 @@ fn a_snapshot_restores_the_same_behaviour_and_refuses_other_versions() {
     assert_eq!(snapshot, node.snapshot());
     let mut restored = Node::restore(config(), snapshot.clone()).unwrap();
     assert_eq!(restored.snapshot(), node.snapshot());
-    // Same inputs, same outputs: the second miss drops hub 1 in both; 3 stays banned; 4 is
-    // banned at its second strike in both.
+    // Same inputs, same outputs: the second miss drops hub 1 in both; 3 stays banned (to
+    // round 5); 4's ban ends at round 1, and it is learned again in both.
     for n in [&mut node, &mut restored] {
         let out = start(n, 1, "p");
         assert!(
@@ -449,8 +568,9 @@ fn a_snapshot_restores_the_same_behaviour_and_refuses_other_versions() {
         );
         n.handle_timeout(Millis(2_000));
         let _ = drain(n);
-        n.view.learn([(3, 30)]);
-        assert!(n.view.failed(&4));
+        assert_eq!(n.view.learn([(3, 30), (4, 40)]), 1);
+        let known: Vec<u32> = n.cohort().members().copied().collect();
+        assert_eq!(known, vec![4]);
     }
     assert_eq!(restored.snapshot(), node.snapshot());
     assert_eq!(restored.hub(), 2);

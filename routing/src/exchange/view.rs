@@ -1,21 +1,24 @@
-//! The exchange's [`Cohort`], with the record of its bans and strikes that a snapshot needs.
+//! The exchange's [`Cohort`], with the record of its bans that a snapshot needs.
 //!
-//! [`Cohort`] keeps its bans and strike counts private and has no serde derives, so the view
-//! notes them as the core calls into it, and a restored view is rebuilt through `Cohort`'s own
-//! methods (learn, ban, failed, merged): the rules stay `Cohort`'s.
+//! [`Cohort`] keeps its bans private, has no clock and no serde derives, so the view notes
+//! each ban with the round it ends, lifts it then, and a restored view is rebuilt through
+//! `Cohort`'s own methods (learn, ban, merged): the rules stay `Cohort`'s.
 
 use serde::{Deserialize, Serialize};
 
-use crate::{Cohort, HUB_STRIKES};
+use crate::Cohort;
 
-/// A node's cohort view and what it banned and struck.
+/// A node's cohort view and whom it banned.
 #[derive(Debug, Clone)]
 pub(super) struct View<P> {
     cohort: Cohort<P>,
     own: P,
     own_rank: u64,
-    banned: Vec<P>,
-    strikes: Vec<(P, u32)>,
+    /// Banned peers, each with the round its ban ends.
+    banned: Vec<(P, u64)>,
+    /// Hubs whose model the node's data refused once (at most `max_members`, oldest dropped).
+    model_refused: Vec<P>,
+    max_members: usize,
     /// Bumped whenever the peers held may have changed: what the node told a peer of its view
     /// is current while the version is the same.
     version: u64,
@@ -27,8 +30,8 @@ pub(super) struct ViewState<P> {
     pub(super) own: P,
     pub(super) own_rank: u64,
     pub(super) members: Vec<(u64, P)>,
-    pub(super) banned: Vec<P>,
-    pub(super) strikes: Vec<(P, u32)>,
+    pub(super) banned: Vec<(P, u64)>,
+    pub(super) model_refused: Vec<P>,
     pub(super) anchor: Option<f32>,
 }
 
@@ -39,7 +42,8 @@ impl<P: Clone + Ord> View<P> {
             own,
             own_rank,
             banned: Vec::new(),
-            strikes: Vec::new(),
+            model_refused: Vec::new(),
+            max_members,
             version: 0,
         }
     }
@@ -113,41 +117,44 @@ impl<P: Clone + Ord> View<P> {
             .collect()
     }
 
-    /// [`Cohort::failed`]; returns whether it banned `p`.
-    pub(super) fn failed(&mut self, p: &P) -> bool {
-        let banned = self.cohort.failed(p);
+    /// Ban `p` until round `until` (a later end than one it holds wins): its merge or model
+    /// failed the node's check, or its data refused the node's.
+    pub(super) fn ban(&mut self, p: &P, until: u64) {
+        if self.is_own(p) {
+            return;
+        }
+        self.cohort.ban(p);
         self.changed();
-        if banned {
-            self.note_ban(p);
-        } else if let Some((_, c)) = self.strikes.iter_mut().find(|(q, _)| q == p) {
-            *c += 1;
-        } else {
-            self.strikes.push((p.clone(), 1));
+        match self.banned.iter_mut().find(|(q, _)| q == p) {
+            Some((_, end)) => *end = (*end).max(until),
+            None => self.banned.push((p.clone(), until)),
         }
-        banned
     }
 
-    /// [`Cohort::passed`].
-    pub(super) fn passed(&mut self, p: &P) {
-        self.cohort.passed(p);
-        self.strikes.retain(|(q, _)| q != p);
+    /// The node's data refused `p`'s model: returns whether it had refused it before (the
+    /// record is then cleared, as the caller bans `p`).
+    pub(super) fn model_refused(&mut self, p: &P) -> bool {
+        if let Some(at) = self.model_refused.iter().position(|q| q == p) {
+            self.model_refused.remove(at);
+            return true;
+        }
+        if self.model_refused.len() >= self.max_members.max(1) {
+            self.model_refused.remove(0);
+        }
+        self.model_refused.push(p.clone());
+        false
     }
 
-    /// The node's data refused `p`: it forgets the peer, and bans it if the peer failed its
-    /// previous check too. Returns whether it banned it.
-    pub(super) fn refuse(&mut self, p: &P) -> bool {
-        let banned = self.failed(p);
-        if !banned {
-            self.cohort.forget(p);
-        }
-        banned
-    }
-
-    fn note_ban(&mut self, p: &P) {
-        self.strikes.retain(|(q, _)| q != p);
-        if *p != self.own && !self.banned.contains(p) {
-            self.banned.push(p.clone());
-        }
+    /// Lift the bans that end by `round`: those peers may be learned again.
+    pub(super) fn lift_bans(&mut self, round: u64) {
+        let cohort = &mut self.cohort;
+        self.banned.retain(|(p, until)| {
+            let over = *until <= round;
+            if over {
+                cohort.unban(p);
+            }
+            !over
+        });
     }
 
     pub(super) fn state(&self) -> ViewState<P> {
@@ -157,7 +164,7 @@ impl<P: Clone + Ord> View<P> {
             own_rank: self.own_rank,
             members: self.cohort.ranked().to_vec(),
             banned: self.banned.clone(),
-            strikes: self.strikes.clone(),
+            model_refused: self.model_refused.clone(),
             anchor: anchor.is_finite().then_some(anchor),
         }
     }
@@ -165,18 +172,14 @@ impl<P: Clone + Ord> View<P> {
     /// Rebuild a view through [`Cohort`]'s own methods.
     pub(super) fn restore(state: ViewState<P>, max_members: usize) -> Self {
         let mut view = Self::new(state.own, state.own_rank, max_members);
-        for p in &state.banned {
-            view.cohort.ban(p);
-            view.note_ban(p);
+        for (p, until) in &state.banned {
+            view.ban(p, *until);
+        }
+        for p in state.model_refused {
+            view.model_refused(&p);
         }
         view.cohort
             .learn(state.members.into_iter().map(|(r, p)| (p, r)));
-        for (p, n) in &state.strikes {
-            // A recorded count is below the ban; never let a corrupt one ban here.
-            for _ in 0..(*n).min(HUB_STRIKES.saturating_sub(1)) {
-                view.failed(p);
-            }
-        }
         if let Some(a) = state.anchor {
             view.cohort.merged(a);
         }

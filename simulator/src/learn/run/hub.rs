@@ -3,7 +3,7 @@
 //! drives it, in virtual time.
 //!
 //! The core decides everything (who searches, whom a node pushes to, joining, admission, what
-//! a member accepts, strikes and bans, deadlines and misses); the driver carries messages and
+//! a member accepts, bans, deadlines and misses); the driver carries messages and
 //! does the compute the core asks for:
 //! - **Messages** go from one core's [`Output`] to another's [`Input`] through a queue in
 //!   virtual time ([`LATENCY_MS`] each way), each counted at the length of its encoding in
