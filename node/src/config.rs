@@ -177,7 +177,9 @@ impl TrainerConfig {
 pub struct NodeConfig {
     /// Network name: nodes of different networks never share keys.
     pub network: String,
-    /// Multiaddrs to listen on.
+    /// Multiaddrs to listen on. Default TCP and QUIC on port 4001 (`/ip4/0.0.0.0/tcp/4001`,
+    /// `/ip4/0.0.0.0/udp/4001/quic-v1`); a private swarm (`swarm_key`) listens on TCP only and
+    /// skips QUIC addresses.
     pub listen: Vec<String>,
     /// Multiaddrs (with `/p2p/<peer id>`) of peers to join through.
     pub bootstrap: Vec<String>,
@@ -223,7 +225,10 @@ impl Default for NodeConfig {
     fn default() -> Self {
         Self {
             network: "kindred".into(),
-            listen: vec!["/ip4/0.0.0.0/tcp/4001".into()],
+            listen: vec![
+                "/ip4/0.0.0.0/tcp/4001".into(),
+                "/ip4/0.0.0.0/udp/4001/quic-v1".into(),
+            ],
             bootstrap: Vec::new(),
             swarm_key: None,
             api: Some(SocketAddr::from(([127, 0, 0, 1], 7070))),

@@ -13,7 +13,7 @@
 //! share of merge partners from the node's own cluster).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::net::{SocketAddr, TcpListener};
+use std::net::{SocketAddr, TcpListener, UdpSocket};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -549,7 +549,7 @@ pub fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<String> {
     Ok(resp.body_mut().read_to_string()?)
 }
 
-/// `n` distinct free loopback TCP ports for node processes to listen on.
+/// `n` distinct loopback ports, free for TCP and UDP, for node processes to listen on (TCP, QUIC).
 ///
 /// Each is bound once to check it is free, then released for a node to take a moment later.
 /// They are drawn below the kernel's ephemeral range (where the OS picks ports for `bind(0)` and
@@ -579,7 +579,11 @@ pub fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
             draws - 1
         );
         let port = rand::random_range(lo..=hi);
-        if handed.contains(&port) || TcpListener::bind(("127.0.0.1", port)).is_err() {
+        // Free for TCP and for UDP (QUIC listens on a UDP port).
+        if handed.contains(&port)
+            || TcpListener::bind(("127.0.0.1", port)).is_err()
+            || UdpSocket::bind(("127.0.0.1", port)).is_err()
+        {
             continue;
         }
         handed.insert(port);

@@ -147,6 +147,16 @@ pub async fn run(
     routing_config.transport.listen_addrs_are_external = true;
     if let Some(path) = &config.swarm_key {
         routing_config.transport.swarm_key = Some(read_swarm_key(path)?);
+        // pnet wraps TCP only: a private swarm skips QUIC listen addresses (the default has one).
+        let (quic, tcp): (Vec<_>, Vec<_>) = routing_config
+            .transport
+            .listen
+            .drain(..)
+            .partition(kindred_routing::transport::is_quic);
+        if !quic.is_empty() {
+            tracing::info!(skipped = ?quic, "private swarm: listening on TCP only");
+        }
+        routing_config.transport.listen = tcp;
     }
     let round_len = config.round_duration();
     routing_config.core.lookup.top_m = config.partners;

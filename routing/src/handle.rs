@@ -459,6 +459,13 @@ pub async fn spawn(
     );
     let mut listeners = Vec::new();
     for addr in &config.transport.listen {
+        if config.transport.swarm_key.is_some() && crate::transport::is_quic(addr) {
+            return Err(SpawnError::Listen {
+                addr: addr.clone(),
+                reason: "a private swarm (swarm key) runs over TCP only: pnet cannot wrap QUIC"
+                    .into(),
+            });
+        }
         let id = swarm
             .listen_on(addr.clone())
             .map_err(|e| SpawnError::Listen {

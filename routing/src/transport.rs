@@ -1,11 +1,17 @@
-//! The transport stack: TCP (or in-memory) → optional pnet → Noise → yamux, under one deadline.
+//! The transport stack: TCP → optional pnet → Noise → yamux, under one deadline; beside it QUIC
+//! in a public swarm; DNS names resolved in front of both. In-memory for tests.
 //!
 //! A private swarm is a pre-shared key: with one, every connection starts with the libp2p pnet
 //! handshake (XSalsa20 keyed by the swarm key), and a peer without the same key produces only
 //! noise that the Noise handshake rejects. The whole upgrade (pnet, multistream-select, Noise,
 //! yamux) runs under `handshake_timeout`, so a wrong key or a silent peer fails in seconds rather
-//! than holding a connection slot. pnet wraps a byte stream, so a private swarm never listens on
-//! QUIC (which has its own encryption); Kindred's transport is TCP only.
+//! than holding a connection slot. pnet wraps a byte stream and QUIC has its own encryption
+//! (TLS 1.3 over UDP), so a private swarm is TCP only: it never dials or listens on QUIC.
+//!
+//! A public swarm runs QUIC too (`/udp/…/quic-v1`): one round trip to a connection where TCP
+//! takes three handshakes, streams that do not block each other, and the transport that UDP hole
+//! punching needs behind NAT. Bootstrap peers may be named by DNS (`/dns4/…`, `/dns/…`),
+//! resolved through the system's resolver configuration.
 
 use std::time::Duration;
 
@@ -15,7 +21,7 @@ use libp2p::core::transport::{Boxed, MemoryTransport};
 use libp2p::core::upgrade::Version;
 use libp2p::identity::Keypair;
 use libp2p::pnet::{PnetConfig, PreSharedKey};
-use libp2p::{PeerId, Transport, noise, tcp, yamux};
+use libp2p::{PeerId, Transport, dns, noise, quic, tcp, yamux};
 
 use crate::config::TransportKind;
 
@@ -26,6 +32,23 @@ pub enum TransportError {
     /// The identity key cannot be used for Noise.
     #[error("noise configuration failed: {0}")]
     Noise(#[from] noise::Error),
+}
+
+/// Whether `addr` is a QUIC address (`/udp/…/quic-v1`), which a private swarm cannot use.
+///
+/// ```
+/// use kindred_routing::transport::is_quic;
+///
+/// assert!(is_quic(&"/ip4/127.0.0.1/udp/4001/quic-v1".parse().unwrap()));
+/// assert!(!is_quic(&"/ip4/127.0.0.1/tcp/4001".parse().unwrap()));
+/// ```
+pub fn is_quic(addr: &libp2p::Multiaddr) -> bool {
+    addr.iter().any(|p| {
+        matches!(
+            p,
+            libp2p::multiaddr::Protocol::QuicV1 | libp2p::multiaddr::Protocol::Quic
+        )
+    })
 }
 
 /// Why a swarm key file could not be parsed.
@@ -58,7 +81,8 @@ pub fn parse_swarm_key(text: &str) -> Result<PreSharedKey, SwarmKeyError> {
     Ok(text.trim().parse()?)
 }
 
-/// Build the authenticated, multiplexed transport for `keypair`.
+/// Build the authenticated, multiplexed transport for `keypair`: for [`TransportKind::Tcp`],
+/// TCP, and QUIC when `swarm_key` is `None`, behind DNS resolution.
 ///
 /// # Errors
 /// [`TransportError::Noise`] when Noise cannot use the key.
@@ -68,26 +92,55 @@ pub fn build_transport(
     swarm_key: Option<PreSharedKey>,
     handshake_timeout: Duration,
 ) -> Result<Boxed<(PeerId, StreamMuxerBox)>, TransportError> {
-    let noise = noise::Config::new(keypair)?;
-    let yamux = yamux::Config::default();
     let transport = match kind {
         TransportKind::Tcp => {
-            let tcp = tcp::tokio::Transport::new(tcp::Config::new().nodelay(true));
-            with_pnet(tcp, swarm_key)
-                .upgrade(Version::V1Lazy)
-                .authenticate(noise)
-                .multiplex(yamux)
-                .timeout(handshake_timeout)
-                .boxed()
+            let ip = ip_transport(keypair, swarm_key, handshake_timeout)?;
+            match dns::tokio::Transport::system(ip) {
+                Ok(resolving) => resolving.boxed(),
+                Err(e) => {
+                    // Without a resolver configuration the node still runs: it cannot dial
+                    // addresses named by DNS, and says so once.
+                    tracing::warn!(error = %e,
+                        "no DNS resolver configuration: /dns addresses cannot be dialed");
+                    ip_transport(keypair, swarm_key, handshake_timeout)?
+                }
+            }
         }
         TransportKind::Memory => with_pnet(MemoryTransport::default(), swarm_key)
             .upgrade(Version::V1Lazy)
-            .authenticate(noise)
-            .multiplex(yamux)
+            .authenticate(noise::Config::new(keypair)?)
+            .multiplex(yamux::Config::default())
             .timeout(handshake_timeout)
             .boxed(),
     };
     Ok(transport)
+}
+
+/// TCP (with pnet in a private swarm), and QUIC beside it in a public one.
+fn ip_transport(
+    keypair: &Keypair,
+    swarm_key: Option<PreSharedKey>,
+    handshake_timeout: Duration,
+) -> Result<Boxed<(PeerId, StreamMuxerBox)>, TransportError> {
+    let private = swarm_key.is_some();
+    let tcp = tcp::tokio::Transport::new(tcp::Config::new().nodelay(true));
+    let tcp = with_pnet(tcp, swarm_key)
+        .upgrade(Version::V1Lazy)
+        .authenticate(noise::Config::new(keypair)?)
+        .multiplex(yamux::Config::default())
+        .timeout(handshake_timeout);
+    if private {
+        return Ok(tcp.boxed());
+    }
+    let mut config = quic::Config::new(keypair);
+    config.handshake_timeout = handshake_timeout;
+    Ok(quic::tokio::Transport::new(config)
+        .or_transport(tcp)
+        .map(|either, _| match either {
+            Either::Left((peer, quic)) => (peer, StreamMuxerBox::new(quic)),
+            Either::Right((peer, muxer)) => (peer, StreamMuxerBox::new(muxer)),
+        })
+        .boxed())
 }
 
 /// Put the pnet handshake in front of `base` when a swarm key is given.

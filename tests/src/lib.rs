@@ -38,7 +38,7 @@ pub fn kindred_bin() -> PathBuf {
     candidate
 }
 
-/// `n` distinct free loopback TCP ports, drawn outside the kernel's ephemeral range
+/// `n` distinct loopback ports free for TCP and UDP, drawn outside the kernel's ephemeral range
 /// ([`kindred_node::demo::free_ports`]).
 ///
 /// # Panics
@@ -100,11 +100,24 @@ impl NodeProc {
     ///
     /// # Panics
     /// When `kindred init` fails.
-    pub fn init(dir: PathBuf, mut config: NodeConfig) -> Self {
+    pub fn init(dir: PathBuf, config: NodeConfig) -> Self {
+        Self::init_listening(dir, config, false)
+    }
+
+    /// [`NodeProc::init`], listening on QUIC too (the same port number, over UDP) when `quic`.
+    ///
+    /// # Panics
+    /// When `kindred init` fails.
+    pub fn init_listening(dir: PathBuf, mut config: NodeConfig, quic: bool) -> Self {
         let ports = free_ports(2);
         let listen = format!("/ip4/127.0.0.1/tcp/{}", ports[0]);
         let api = SocketAddr::from(([127, 0, 0, 1], ports[1]));
         config.listen = vec![listen.clone()];
+        if quic {
+            config
+                .listen
+                .push(format!("/ip4/127.0.0.1/udp/{}/quic-v1", ports[0]));
+        }
         config.api = Some(api);
         std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
         config
