@@ -111,23 +111,7 @@ fn a_member_joins_its_hub_and_applies_its_checked_merge() {
     let Some(Output::FetchModel { ticket, hub: 1 }) = member.poll_output() else {
         panic!("a joining member fetches the hub's model first");
     };
-    member.handle(
-        Millis(2),
-        Input::ModelReceived {
-            ticket,
-            model: Some("m1"),
-        },
-    );
-    let Some(Output::CheckModel { ticket, .. }) = member.poll_output() else {
-        panic!("and checks it");
-    };
-    member.handle(
-        Millis(3),
-        Input::ModelChecked {
-            ticket,
-            verdict: ModelVerdict::Adopt,
-        },
-    );
+    check_model(&mut member, Millis(2), ticket, "m1", ModelVerdict::Adopt);
     let Some(Output::Push {
         to: 1,
         round: 0,
@@ -335,37 +319,35 @@ fn a_hub_whose_merge_fails_is_banned_at_once_and_joined_anew_when_its_ban_ends()
     assert!(fetches_from(&out, 1), "{out:?}");
 }
 
-/// Refuse the model the node fetches from `hub` in `out` (its data refuses it).
-fn refuse_model(
+/// The node's model fetch `ticket` brings `model`, and its data gives `verdict`.
+fn check_model(
     node: &mut Node,
-    out: &[Output<u32, &'static str>],
-    hub: u32,
-) -> Vec<Output<u32, &'static str>> {
-    let ticket = out
-        .iter()
-        .find_map(|o| match o {
-            Output::FetchModel { ticket, hub: h } if *h == hub => Some(*ticket),
-            _ => None,
-        })
-        .expect("a model fetch");
+    now: Millis,
+    ticket: Ticket,
+    model: &'static str,
+    verdict: ModelVerdict,
+) {
     node.handle(
-        Millis(0),
+        now,
         Input::ModelReceived {
             ticket,
-            model: Some("m"),
+            model: Some(model),
         },
     );
     let Some(Output::CheckModel { ticket, .. }) = node.poll_output() else {
         panic!("the model is checked");
     };
-    node.handle(
-        Millis(0),
-        Input::ModelChecked {
-            ticket,
-            verdict: ModelVerdict::Refuse,
-        },
-    );
-    drain(node)
+    node.handle(now, Input::ModelChecked { ticket, verdict });
+}
+
+/// The ticket of the model fetch from `hub` in `out`.
+fn fetch_ticket(out: &[Output<u32, &'static str>], hub: u32) -> Ticket {
+    out.iter()
+        .find_map(|o| match o {
+            Output::FetchModel { ticket, hub: h } if *h == hub => Some(*ticket),
+            _ => None,
+        })
+        .expect("a model fetch")
 }
 
 #[test]
@@ -373,7 +355,14 @@ fn a_hub_whose_model_is_refused_is_forgotten_then_banned_the_second_time() {
     let mut member = Node::new(2, 20, config());
     member.view.learn([(1, 10)]);
     let out = start(&mut member, 0, "p2");
-    let after = refuse_model(&mut member, &out, 1);
+    check_model(
+        &mut member,
+        Millis(0),
+        fetch_ticket(&out, 1),
+        "m",
+        ModelVerdict::Refuse,
+    );
+    let after = drain(&mut member);
     assert!(
         !after.iter().any(|o| matches!(o, Output::Ban { .. })),
         "{after:?}"
@@ -384,7 +373,15 @@ fn a_hub_whose_model_is_refused_is_forgotten_then_banned_the_second_time() {
     // Relearned (a search, a listing), its model is refused again: banned.
     assert_eq!(member.view.learn([(1, 10)]), 1);
     let out = start(&mut member, 1, "p2");
-    let after = refuse_model(&mut member, &out, 1);
+    let t = Millis(1_000);
+    check_model(
+        &mut member,
+        t,
+        fetch_ticket(&out, 1),
+        "m",
+        ModelVerdict::Refuse,
+    );
+    let after = drain(&mut member);
     assert!(
         after.iter().any(|o| matches!(o, Output::Ban { peer: 1 })),
         "{after:?}"
@@ -422,22 +419,12 @@ fn a_member_its_hub_refuses_joins_it_anew_and_takes_its_model_if_refused_again()
     let [Output::FetchModel { ticket, hub: 1 }] = out.as_slice() else {
         panic!("{out:?}");
     };
-    member.handle(
+    check_model(
+        &mut member,
         Millis(1_010),
-        Input::ModelReceived {
-            ticket: *ticket,
-            model: Some("m1"),
-        },
-    );
-    let Some(Output::CheckModel { ticket, .. }) = member.poll_output() else {
-        panic!("it checks the model");
-    };
-    member.handle(
-        Millis(1_020),
-        Input::ModelChecked {
-            ticket,
-            verdict: ModelVerdict::Adopt,
-        },
+        *ticket,
+        "m1",
+        ModelVerdict::Adopt,
     );
     assert!(matches!(
         member.poll_output(),
@@ -478,23 +465,7 @@ fn a_hub_refuses_what_its_gate_does_not_admit_and_a_non_hub_names_its_hub() {
             ..
         }]
     ));
-    hub.handle(
-        Millis(20),
-        Input::ModelReceived {
-            ticket: *ticket,
-            model: Some("m0"),
-        },
-    );
-    let Some(Output::CheckModel { ticket, .. }) = hub.poll_output() else {
-        panic!("the model is checked");
-    };
-    hub.handle(
-        Millis(30),
-        Input::ModelChecked {
-            ticket,
-            verdict: ModelVerdict::Keep,
-        },
-    );
+    check_model(&mut hub, Millis(20), *ticket, "m0", ModelVerdict::Keep);
     // ...then answered with its hub, which the node pushes to.
     let out = drain(&mut hub);
     assert!(
@@ -921,22 +892,12 @@ fn a_hub_back_after_missing_rounds_takes_its_next_ranks_model_then_heads_again()
         },
     );
     drain(&mut node);
-    node.handle(
+    check_model(
+        &mut node,
         t.saturating_add(6),
-        Input::ModelReceived {
-            ticket,
-            model: Some("m2"),
-        },
-    );
-    let Some(Output::CheckModel { ticket, .. }) = node.poll_output() else {
-        panic!("it checks the model");
-    };
-    node.handle(
-        t.saturating_add(7),
-        Input::ModelChecked {
-            ticket,
-            verdict: ModelVerdict::Adopt,
-        },
+        ticket,
+        "m2",
+        ModelVerdict::Adopt,
     );
     let out = drain(&mut node);
     assert!(
