@@ -6,12 +6,13 @@
 //! ```
 //!
 //! Prints one JSON line per kernel and size: `{"kernel", "elems", "gelem_s", "gb_s",
-//! "memcpy_gb_s", "threads", "bytes_per_elem", "median_ms", "runs"}`. Figures are medians of
+//! "memcpy_gb_s", "threads", "backend", "bytes_per_elem", "median_ms", "runs"}`. Figures are medians of
 //! `--runs` timed runs after one warm-up run. `gb_s` counts the bytes the kernel must move at
 //! minimum (`bytes_per_elem` × elems, e.g. 12 for `residual += update`: two reads and a write);
 //! `memcpy_gb_s` is the bytes per second one `copy_from_slice` of the same number of f32 copies.
 //! `threads` is 1 for the single-core figures the acceptance targets are about; lines with more
-//! threads use rayon's pool. The pipeline lines also carry `ratio_to_memcpy`
+//! threads use rayon's pool; with `--cuda`, lines with `"backend": "cuda"` (and `threads` 0) run
+//! on the GPU from host slices. The pipeline lines also carry `ratio_to_memcpy`
 //! (`gb_s / memcpy_gb_s`).
 
 #![allow(clippy::print_stdout, clippy::print_stderr, clippy::unwrap_used)]
@@ -49,6 +50,10 @@ struct Args {
     /// Also measure with rayon's pool (all cores), not only on one thread.
     #[arg(long)]
     parallel: bool,
+    /// Also measure on the CUDA backend (build with `--features kindred-kernels/cuda`); the
+    /// kernels take host slices, so these figures include the transfers to and from the GPU.
+    #[arg(long)]
+    cuda: bool,
     /// Seed of the random data.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -100,6 +105,7 @@ struct Line {
     bytes_per_elem: f64,
     t: Timing,
     threads: usize,
+    backend: &'static str,
 }
 
 fn emit(l: &Line, memcpy_gb_s: f64, runs: usize, extra: Option<(&str, f64)>) {
@@ -112,11 +118,12 @@ fn emit(l: &Line, memcpy_gb_s: f64, runs: usize, extra: Option<(&str, f64)>) {
         "gb_s": round3(gb_s),
         "memcpy_gb_s": round3(memcpy_gb_s),
         "threads": l.threads,
+        "backend": l.backend,
         "bytes_per_elem": l.bytes_per_elem,
         "median_ms": round3(secs * 1e3),
         "runs": runs,
     });
-    if l.threads == 1 {
+    if l.threads == 1 && l.backend == "cpu" {
         v["cpu_ms"] = json!(round3(l.t.cpu * 1e3));
         v["cpu_gelem_s"] = json!(round3(l.elems as f64 / l.t.cpu / 1e9));
     }
@@ -169,6 +176,7 @@ fn bench_size(args: &Args, n: usize, backend: &Backend, threads: usize) -> Resul
         bytes_per_elem,
         t,
         threads,
+        backend: backend.name(),
     };
     emit(&line("memcpy", 4.0, t), memcpy_gb_s, runs, None);
 
@@ -313,7 +321,12 @@ fn bench_size(args: &Args, n: usize, backend: &Backend, threads: usize) -> Resul
 
     // Model snapshots, what a node does each round (seal after the merge) and in snapshot rounds
     // (decode a partner's, pull toward it). Single-threaded plain loops: no backend.
-    if want("snapshot") || want("pull") {
+    // An int8 snapshot is about one byte per parameter: past the body limit it cannot be sealed.
+    let snapshot_fits = n + 64 <= kindred_proto::MAX_BODY_BYTES;
+    if !snapshot_fits && (want("snapshot") || want("pull")) {
+        eprintln!("# {n} elements: no snapshot figures (a snapshot would pass the body limit)");
+    }
+    if snapshot_fits && (want("snapshot") || want("pull")) {
         let spec = ModelSpec::new(vec![LayerSpec::new("w", [u32::try_from(n)?], DType::F32)])?;
         let origin = gradient_like(n, args.seed + 2);
         let params: Vec<f32> = origin.iter().zip(&update).map(|(o, u)| o + u).collect();
@@ -427,6 +440,7 @@ fn bench_size(args: &Args, n: usize, backend: &Backend, threads: usize) -> Resul
         bytes_per_elem: 4.0 * 257.0,
         t,
         threads: 1,
+        backend: backend.name(),
     };
     emit(&simhash, memcpy_gb_s, runs, None);
     Ok(())
@@ -440,6 +454,14 @@ fn main() -> Result<()> {
         if args.parallel {
             let threads = rayon::current_num_threads();
             bench_size(&args, n, &Backend::cpu(), threads)?;
+        }
+        if args.cuda {
+            let backend = Backend::detect();
+            anyhow::ensure!(
+                backend.name() == "cuda",
+                "--cuda: no usable GPU (see the log line)"
+            );
+            bench_size(&args, n, &backend, 0)?;
         }
     }
     Ok(())

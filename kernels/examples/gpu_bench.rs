@@ -1,6 +1,6 @@
 //! GPU bench of the CUDA kernels (feature `cuda`): parity with the CPU kernels on fresh random
 //! data, then timings on device-resident buffers against a device-to-device copy (the bandwidth
-//! ceiling) and against torch on the same sizes, in the same job.
+//! ceiling) and against torch on the same tensors, in the same job.
 //!
 //! ```text
 //! cargo build --release -p kindred-kernels --features cuda --example gpu_bench
@@ -18,9 +18,9 @@
 
 use std::collections::HashMap;
 use std::process::{Command, ExitCode};
-use std::time::Instant;
 
 use kindred_kernels::cudarc::driver::CudaSlice;
+use kindred_kernels::cudarc::driver::sys::CUevent_flags;
 use kindred_kernels::rng::SplitMix64;
 use kindred_kernels::{Backend, CountSketch, CpuBackend, CudaBackend, Kernels, Rounding};
 
@@ -58,14 +58,32 @@ fn random(n: usize, seed: u64) -> Vec<f32> {
     (0..n).map(|_| rng.next_gaussian() as f32).collect()
 }
 
-/// Torch timings by kernel name, from the companion script (empty when it cannot run).
-fn torch_times(a: &Args, k: usize) -> HashMap<String, f64> {
+/// Torch timings by kernel name, from the companion script run on the same tensors (`r`, `u`,
+/// written as raw little-endian f32 files for it); empty when it cannot run.
+fn torch_times(a: &Args, k: usize, r: &[f32], u: &[f32]) -> HashMap<String, f64> {
     let mut out = HashMap::new();
     if a.torch == "none" {
         return out;
     }
+    let dir = std::env::temp_dir().join(format!("kindred-gpu-bench-{}", std::process::id()));
+    let write = |name: &str, v: &[f32]| -> std::io::Result<()> {
+        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        std::fs::write(dir.join(name), bytes)
+    };
+    if let Err(e) = std::fs::create_dir_all(&dir)
+        .and_then(|()| write("r.f32", r))
+        .and_then(|()| write("u.f32", u))
+    {
+        eprintln!(
+            "cannot write the tensors for torch to {}: {e}",
+            dir.display()
+        );
+        return out;
+    }
     let run = Command::new("python3")
         .arg(&a.torch)
+        .arg("--data")
+        .arg(&dir)
         .args(["--elems", &a.elems.to_string()])
         .args(["--k", &k.to_string()])
         .args(["--iters", &a.iters.to_string()])
@@ -87,13 +105,15 @@ fn torch_times(a: &Args, k: usize) -> HashMap<String, f64> {
         ),
         Err(e) => eprintln!("cannot run python3 {}: {e}", a.torch),
     }
+    let _ = std::fs::remove_dir_all(&dir);
     out
 }
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
-/// Mean milliseconds of `f(r)` over `iters` runs, stream synchronised before and after; with
-/// `reset`, `r` is restored from it (untimed) before each run.
+/// Median milliseconds of `f(r)` over `iters` runs, timed by CUDA events on the backend's
+/// stream (host synchronisations inside `f` count as the idle time they cost); with `reset`, `r`
+/// is restored from it (untimed) before each run.
 fn time(
     gpu: &CudaBackend,
     iters: usize,
@@ -101,24 +121,26 @@ fn time(
     reset: Option<&CudaSlice<f32>>,
     mut f: impl FnMut(&mut CudaSlice<f32>) -> Res<()>,
 ) -> Res<f64> {
+    let s = gpu.stream();
+    let timing = Some(CUevent_flags::CU_EVENT_DEFAULT);
     let prep = |r: &mut CudaSlice<f32>| -> Res<()> {
         if let Some(src) = reset {
-            gpu.stream().memcpy_dtod(src, r)?;
+            s.memcpy_dtod(src, r)?;
         }
         Ok(())
     };
     prep(r)?;
     f(r)?; // warm-up
-    let mut total = 0.0;
+    let mut ms = Vec::with_capacity(iters);
     for _ in 0..iters {
         prep(r)?;
-        gpu.stream().synchronize()?;
-        let t = Instant::now();
+        let start = s.record_event(timing)?;
         f(r)?;
-        gpu.stream().synchronize()?;
-        total += t.elapsed().as_secs_f64();
+        let end = s.record_event(timing)?;
+        ms.push(f64::from(start.elapsed_ms(&end)?));
     }
-    Ok(total * 1e3 / iters as f64)
+    ms.sort_by(f64::total_cmp);
+    Ok(ms[ms.len() / 2])
 }
 
 fn parity(gpu: &CudaBackend, n: usize, k: usize) -> Res<HashMap<&'static str, bool>> {
@@ -207,11 +229,13 @@ fn run(a: &Args, gpu: &CudaBackend) -> Res<()> {
         gpu.compute_capability().1
     );
     let parity = parity(gpu, n, k)?;
-    let torch = torch_times(a, k);
+    let (r_host, u_host) = (random(n, 11), random(n, 12));
+    let torch = torch_times(a, k, &r_host, &u_host);
     let s = gpu.stream().clone();
-    let r0 = s.clone_htod(&random(n, 11))?;
-    let u = s.clone_htod(&random(n, 12))?;
-    let mut r: CudaSlice<f32> = s.clone_htod(&random(n, 11))?;
+    let r0 = s.clone_htod(&r_host)?;
+    let u = s.clone_htod(&u_host)?;
+    let mut r: CudaSlice<f32> = s.clone_htod(&r_host)?;
+    drop((r_host, u_host));
     let mut copy = s.alloc_zeros::<f32>(n)?;
     let d2d_ms = time(
         gpu,

@@ -1,11 +1,16 @@
 #!/usr/bin/env python3
-"""Torch timings for gpu_bench.rs, on the same sizes, in the same job.
+"""Torch timings for gpu_bench.rs, on the same tensors, in the same job.
 
-Prints one JSON line per kernel: {"kernel": ..., "torch_ms": ...}. Run by gpu_bench itself
-(python3 kernels/examples/gpu_bench_torch.py --elems N --k K --iters I); needs torch with CUDA.
+Prints one JSON line per kernel: {"kernel": ..., "torch_ms": ...}, the median of --iters runs
+timed by CUDA events after a warm-up. Run by gpu_bench itself (python3
+kernels/examples/gpu_bench_torch.py --data DIR --elems N --k K --iters I), which writes the
+residual and update it times as DIR/r.f32 and DIR/u.f32 (raw little-endian f32); without --data
+the tensors are drawn here. Needs torch with CUDA.
 """
 import argparse
 import json
+import os
+import statistics
 
 import torch
 
@@ -16,17 +21,16 @@ def timed(fn, iters, prep=None):
     fn()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    total = 0.0
+    times = []
     for _ in range(iters):
         if prep:
             prep()
-        torch.cuda.synchronize()
         start.record()
         fn()
         end.record()
         torch.cuda.synchronize()
-        total += start.elapsed_time(end)
-    return total / iters
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
 
 
 def main():
@@ -34,10 +38,17 @@ def main():
     p.add_argument("--elems", type=int, default=100_000_000)
     p.add_argument("--k", type=int, default=1_000_000)
     p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--data", help="directory holding r.f32 and u.f32 from gpu_bench")
     a = p.parse_args()
-    g = torch.Generator(device="cuda").manual_seed(0)
-    r = torch.randn(a.elems, device="cuda", generator=g)
-    u = torch.randn(a.elems, device="cuda", generator=g)
+    if a.data:
+        def load(name):
+            t = torch.from_file(os.path.join(a.data, name), size=a.elems, dtype=torch.float32)
+            return t.to("cuda")
+        r, u = load("r.f32"), load("u.f32")
+    else:
+        g = torch.Generator(device="cuda").manual_seed(0)
+        r = torch.randn(a.elems, device="cuda", generator=g)
+        u = torch.randn(a.elems, device="cuda", generator=g)
     out = torch.empty_like(r)
 
     def quant_ef():

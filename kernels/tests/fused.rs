@@ -56,8 +56,18 @@ fn fused_pass_matches_separate_kernels() {
                 let sum_sq = backend
                     .count_sketch(&sketch, &update, center, first, &mut sk)
                     .unwrap();
-                assert_eq!(fused_sketch, sk, "sketch bits, n={n} first={first}");
-                assert_eq!(fused.sketch_sum_sq.to_bits(), sum_sq.to_bits());
+                if backend.name() == "cpu" {
+                    assert_eq!(fused_sketch, sk, "sketch bits, n={n} first={first}");
+                    assert_eq!(fused.sketch_sum_sq.to_bits(), sum_sq.to_bits());
+                } else {
+                    // The device adds into buckets with atomics: equal up to the order of
+                    // float additions (the documented contract of `count_sketch_on_device`).
+                    let scale = sk.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-30);
+                    for (a, b) in fused_sketch.iter().zip(&sk) {
+                        assert!((a - b).abs() <= 1e-4 * scale, "sketch, n={n} first={first}");
+                    }
+                    assert!(close(fused.sketch_sum_sq, sum_sq), "sum of squares, n={n}");
+                }
                 match threshold {
                     Some(t) => {
                         let expected: Vec<u32> = (0..n as u32)

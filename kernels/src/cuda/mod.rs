@@ -59,6 +59,9 @@ pub const KERNEL_NAMES: &[&str] = &[
     "quantize_ef",
     "radix_histogram",
     "topk_count",
+    "topk_sample",
+    "topk_gather",
+    "topk_candidate_counts",
     "topk_compact",
     "count_sketch",
 ];
@@ -139,6 +142,9 @@ struct Functions {
     quantize_ef: CudaFunction,
     radix_histogram: CudaFunction,
     topk_count: CudaFunction,
+    topk_sample: CudaFunction,
+    topk_gather: CudaFunction,
+    topk_candidate_counts: CudaFunction,
     topk_compact: CudaFunction,
     count_sketch: CudaFunction,
 }
@@ -224,6 +230,9 @@ impl CudaBackend {
             quantize_ef: load("quantize_ef")?,
             radix_histogram: load("radix_histogram")?,
             topk_count: load("topk_count")?,
+            topk_sample: load("topk_sample")?,
+            topk_gather: load("topk_gather")?,
+            topk_candidate_counts: load("topk_candidate_counts")?,
             topk_compact: load("topk_compact")?,
             count_sketch: load("count_sketch")?,
         };

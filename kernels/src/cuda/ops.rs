@@ -15,6 +15,19 @@ const TILE: usize = 4096;
 const ABS: u32 = 0x7fff_ffff;
 const INF_BITS: u32 = 0x7f80_0000;
 const QMAX: f32 = 127.0;
+/// The largest finite magnitude's bit pattern.
+const MAX_FINITE: u32 = 0x7f7f_ffff;
+/// Entries the top-k samples to place its magnitude window.
+const SAMPLES: usize = 16_384;
+
+/// What the ordered compaction needs: the threshold's bit pattern, how many entries equal to it
+/// are kept (the lowest-index ones), and per tile the entries above it and equal to it.
+struct TopkCounts {
+    threshold: u32,
+    ties: u64,
+    gt: CudaSlice<u32>,
+    eq: CudaSlice<u32>,
+}
 
 /// A top-k selection left on the device: indices increasing, values signed, `len` entries.
 #[derive(Debug)]
@@ -58,6 +71,11 @@ impl CudaBackend {
         cfg(want.min(self.inner.sms as usize * 8), shared)
     }
 
+    /// Grid for a per-chunk kernel: one block of 256 threads per chunk.
+    fn chunk_cfg(n: usize) -> Result<LaunchConfig, CudaError> {
+        cfg(n.div_ceil(CHUNK), 0)
+    }
+
     /// Grid for a (chunk, lane) kernel: one thread per lane of every chunk.
     fn lane_cfg(n: usize) -> Result<LaunchConfig, CudaError> {
         cfg((n.div_ceil(CHUNK) * LANES).div_ceil(THREADS as usize), 0)
@@ -87,8 +105,9 @@ impl CudaBackend {
             l.arg(&mut *residual).arg(update);
             c.push(&mut l);
             // SAFETY: `accumulate_stats(float*, const float*, u64, double*, double*, u32*)`; the
-            // buffers hold `n` elements and one partial per chunk, as the kernel indexes.
-            unsafe { l.launch(Self::lane_cfg(n)?) }?;
+            // buffers hold `n` elements and one partial per chunk, as the kernel indexes (one
+            // block per chunk).
+            unsafe { l.launch(Self::chunk_cfg(n)?) }?;
             Ok(())
         })
     }
@@ -105,7 +124,7 @@ impl CudaBackend {
             l.arg(x).arg(&null);
             c.push(&mut l);
             // SAFETY: as in `accumulate_on_device`; with a null update the kernel only reads `x`.
-            unsafe { l.launch(Self::lane_cfg(n)?) }?;
+            unsafe { l.launch(Self::chunk_cfg(n)?) }?;
             Ok(())
         })
     }
@@ -329,10 +348,12 @@ impl CudaBackend {
         Ok(scale)
     }
 
-    /// One radix histogram pass (see `radix_histogram` in `kernels.cu`).
+    /// One radix histogram pass over the first `len` entries of `x` (see `radix_histogram` in
+    /// `kernels.cu`).
     fn radix_pass(
         &self,
         x: &CudaSlice<f32>,
+        len: usize,
         match_shift: u32,
         prefix: u32,
         shift: u32,
@@ -340,7 +361,7 @@ impl CudaBackend {
     ) -> Result<Vec<u32>, CudaError> {
         let s = &self.inner.stream;
         let mut hist = s.alloc_zeros::<u32>(bins as usize)?;
-        let n64 = x.len() as u64;
+        let n64 = len.min(x.len()) as u64;
         let mut l = s.launch_builder(&self.inner.f.radix_histogram);
         l.arg(x)
             .arg(&n64)
@@ -349,16 +370,190 @@ impl CudaBackend {
             .arg(&shift)
             .arg(&bins)
             .arg(&mut hist);
-        // SAFETY: `radix_histogram(const float*, u64, u32, u32, u32, u32, u32*)`; `hist` holds
-        // `bins` counters (a power of two) and the launch gives `bins` words of shared memory.
-        unsafe { l.launch(self.stride_cfg(x.len(), bins * 4)?) }?;
+        // SAFETY: `radix_histogram(const float*, u64, u32, u32, u32, u32, u32*)`; `x` holds at
+        // least `n64` entries, `hist` holds `bins` counters (a power of two) and the launch
+        // gives `bins` words of shared memory.
+        unsafe { l.launch(self.stride_cfg(n64 as usize, bins * 4)?) }?;
         Ok(s.clone_dtoh(&hist)?)
     }
 
+    /// The threshold of the three radix passes (11, 10 and 10 bits) over the first `len`
+    /// magnitudes of `x` for the `need`-th largest: its bit pattern and how many entries equal
+    /// to it are kept. `h1` is the first pass's histogram when the caller already has it.
+    fn radix_select(
+        &self,
+        x: &CudaSlice<f32>,
+        len: usize,
+        need: u64,
+        h1: Option<Vec<u32>>,
+    ) -> Result<(u32, u64), CudaError> {
+        let h1 = match h1 {
+            Some(h) => h,
+            None => self.radix_pass(x, len, 32, 0, 20, 2048)?,
+        };
+        let (b1, need) = pick(&h1, need);
+        let h2 = self.radix_pass(x, len, 20, b1, 10, 1024)?;
+        let (b2, need) = pick(&h2, need);
+        let prefix2 = (b1 << 10) | b2;
+        let h3 = self.radix_pass(x, len, 10, prefix2, 0, 1024)?;
+        let (b3, ties) = pick(&h3, need);
+        Ok(((prefix2 << 10) | b3, ties))
+    }
+
+    /// Threshold, ties kept and per-tile counts (above, equal) from a sampled window: one pass
+    /// over `x` counts each tile's entries above the window and gathers those inside it; radix
+    /// passes over the gathered candidates find the k-th largest. `Ok(None)` when the window
+    /// missed it (the sample was unlucky or ties crowd it): the caller runs the full passes.
+    fn topk_by_window(
+        &self,
+        x: &CudaSlice<f32>,
+        k: usize,
+        tiles: usize,
+    ) -> Result<Option<TopkCounts>, CudaError> {
+        let s = &self.inner.stream;
+        let n = x.len();
+        let Some((lo, hi, cap)) = self.topk_window(x, k)? else {
+            return Ok(None);
+        };
+        let n64 = n as u64;
+        let mut gt = s.alloc_zeros::<u32>(tiles)?;
+        let mut totals = s.alloc_zeros::<u32>(3)?;
+        let mut mags = s.alloc_zeros::<f32>(cap.max(1))?;
+        let mut idx = s.alloc_zeros::<u32>(cap.max(1))?;
+        let cap32 = cap as u32;
+        let mut l = s.launch_builder(&self.inner.f.topk_gather);
+        l.arg(x)
+            .arg(&n64)
+            .arg(&lo)
+            .arg(&hi)
+            .arg(&mut gt)
+            .arg(&mut totals)
+            .arg(&mut mags)
+            .arg(&mut idx)
+            .arg(&cap32);
+        // SAFETY: `topk_gather(const float*, u64, u32, u32, u32*, u32*, float*, u32*, u32)`, one
+        // block per tile writing `gt[tile]`, three totals; candidate slots are written only
+        // below `cap`, which both candidate buffers hold.
+        unsafe { l.launch(cfg(tiles, 0)?) }?;
+        let totals = s.clone_dtoh(&totals)?;
+        let (above, found, bad) = match totals[..] {
+            [a, f, b] => (u64::from(a), f as usize, b),
+            _ => return Ok(None),
+        };
+        if bad != 0 {
+            return Err(CudaError::NonFinite { kernel: "topk" });
+        }
+        // The k-th largest is in the window iff fewer than k lie above it and at least k at or
+        // above its low end; every candidate must also have been stored.
+        let (k64, found64) = (k as u64, found as u64);
+        if above >= k64 || above + found64 < k64 || found > cap {
+            return Ok(None);
+        }
+        let (threshold, ties) = self.radix_select(&mags, found, k64 - above, None)?;
+        let mut eq = s.alloc_zeros::<u32>(tiles)?;
+        let mut l = s.launch_builder(&self.inner.f.topk_candidate_counts);
+        l.arg(&mags)
+            .arg(&idx)
+            .arg(&found64)
+            .arg(&threshold)
+            .arg(&mut gt)
+            .arg(&mut eq);
+        // SAFETY: `topk_candidate_counts(const float*, const u32*, u64, u32, u32*, u32*)`; the
+        // candidate buffers hold `found` entries, every index is below `x.len()`, so its tile is
+        // below `tiles`.
+        unsafe { l.launch(self.stride_cfg(found, 0)?) }?;
+        Ok(Some(TopkCounts {
+            threshold,
+            ties,
+            gt,
+            eq,
+        }))
+    }
+
+    /// A magnitude window `[lo, hi]` (bit patterns) that holds the k-th largest of `x` with
+    /// high probability, from `SAMPLES` evenly spaced entries, and the candidate capacity to
+    /// allocate for it. `None` when the window would hold too much of the slice to pay.
+    fn topk_window(
+        &self,
+        x: &CudaSlice<f32>,
+        k: usize,
+    ) -> Result<Option<(u32, u32, usize)>, CudaError> {
+        let s = &self.inner.stream;
+        let n = x.len();
+        let count = SAMPLES.min(n);
+        let mut sample = s.alloc_zeros::<u32>(count)?;
+        let (n64, count32) = (n as u64, count as u32);
+        let mut l = s.launch_builder(&self.inner.f.topk_sample);
+        l.arg(x).arg(&n64).arg(&count32).arg(&mut sample);
+        // SAFETY: `topk_sample(const float*, u64, u32, u32*)`; sample j reads element
+        // `j * n / count < n` and writes `out[j]`, `j < count`.
+        unsafe { l.launch(self.stride_cfg(count, 0)?) }?;
+        let mut sample = s.clone_dtoh(&sample)?;
+        // Expected sample entries above the k-th largest, and a margin of about five standard
+        // deviations of that count (binomial) plus a few entries.
+        let expect = k as f64 * count as f64 / n as f64;
+        let margin = 5.0 * expect.sqrt() + 8.0;
+        let hi_rank = (expect - margin).floor();
+        let lo_rank = (expect + margin).ceil();
+        let window = ((lo_rank - hi_rank.max(0.0)) / count as f64 * n as f64).ceil();
+        if window > (n / 8) as f64 {
+            return Ok(None);
+        }
+        // Ranks count from the largest: rank r is ascending position count - 1 - r.
+        let mut at_rank = |r: f64| -> u32 {
+            let pos = count - 1 - (r as usize).min(count - 1);
+            *sample.select_nth_unstable(pos).1
+        };
+        let hi = if hi_rank < 0.0 {
+            MAX_FINITE
+        } else {
+            at_rank(hi_rank)
+        };
+        let lo = if lo_rank >= count as f64 {
+            0
+        } else {
+            at_rank(lo_rank)
+        };
+        // Room for twice the window's expected share of the slice.
+        let cap = ((2.0 * window) as usize + 4096).min(n);
+        Ok(Some((lo, hi, cap)))
+    }
+
+    /// The full passes: three radix passes over the whole slice, then a counting pass.
+    fn topk_full(
+        &self,
+        x: &CudaSlice<f32>,
+        k: usize,
+        tiles: usize,
+        h1: Vec<u32>,
+    ) -> Result<TopkCounts, CudaError> {
+        let s = &self.inner.stream;
+        let (threshold, ties) = self.radix_select(x, x.len(), k as u64, Some(h1))?;
+        let mut gt = s.alloc_zeros::<u32>(tiles)?;
+        let mut eq = s.alloc_zeros::<u32>(tiles)?;
+        let n64 = x.len() as u64;
+        let mut l = s.launch_builder(&self.inner.f.topk_count);
+        l.arg(x).arg(&n64).arg(&threshold).arg(&mut gt).arg(&mut eq);
+        // SAFETY: `topk_count(const float*, u64, u32, u32*, u32*)`, one block per tile, one
+        // counter per tile in each output.
+        unsafe { l.launch(cfg(tiles, 0)?) }?;
+        Ok(TopkCounts {
+            threshold,
+            ties,
+            gt,
+            eq,
+        })
+    }
+
     /// Exact top-k by magnitude of a device slice, ties towards the lower index: the same
-    /// entries as [`crate::Kernels::topk_exact`]. Three histogram passes (11, 10 and 10 bits of
-    /// the magnitude) find the k-th largest magnitude exactly; a counting pass and an ordered
-    /// compaction write the selection in index order and zero it in `x`.
+    /// entries as [`crate::Kernels::topk_exact`]. 16,384 evenly spaced entries place a
+    /// magnitude window that holds the k-th largest with high probability; one pass over the
+    /// slice counts each tile's entries above the window and gathers those inside it (well
+    /// under a percent of the slice for a 1% top-k); radix passes over the gathered entries find
+    /// the k-th largest magnitude exactly; an ordered compaction writes the selection in index
+    /// order and zeroes it in `x`. Two passes over the slice in all. When the window misses
+    /// (ties crowd it, or an unlucky sample), three radix passes and a counting pass over the
+    /// whole slice find the threshold instead: the result is the same, only slower.
     ///
     /// # Errors
     /// [`CudaError::Shape`] when `k > len` or `len` does not fit `u32` indices,
@@ -386,47 +581,41 @@ impl CudaBackend {
         if n == 0 {
             return empty();
         }
-        // Pass 1: top 11 magnitude bits (30..20), as the CPU's histogram.
-        let h1 = self.radix_pass(x, 32, 0, 20, 2048)?;
-        if h1
-            .get((INF_BITS >> 20) as usize..)
-            .is_some_and(|h| h.iter().any(|&c| c > 0))
-        {
-            return Err(CudaError::NonFinite { kernel: "topk" });
-        }
-        if k == 0 {
-            return empty();
-        }
-        let mut need = k as u64;
-        let (b1, r1) = pick(&h1, need);
-        need = r1;
-        // Pass 2: bits 19..10 among magnitudes in bin b1; pass 3: bits 9..0 below that.
-        let h2 = self.radix_pass(x, 20, b1, 10, 1024)?;
-        let (b2, r2) = pick(&h2, need);
-        need = r2;
-        let prefix2 = (b1 << 10) | b2;
-        let h3 = self.radix_pass(x, 10, prefix2, 0, 1024)?;
-        let (b3, r3) = pick(&h3, need);
-        let threshold = (prefix2 << 10) | b3;
-        // `r3` of the entries equal to the threshold are kept: the lowest-index ones.
         let tiles = n.div_ceil(TILE);
-        let mut gt = s.alloc_zeros::<u32>(tiles)?;
-        let mut eq = s.alloc_zeros::<u32>(tiles)?;
         let n64 = n as u64;
-        let mut l = s.launch_builder(&self.inner.f.topk_count);
-        l.arg(&*x)
-            .arg(&n64)
-            .arg(&threshold)
-            .arg(&mut gt)
-            .arg(&mut eq);
-        // SAFETY: `topk_count(const float*, u64, u32, u32*, u32*)`, one block per tile, one
-        // counter per tile in each output.
-        unsafe { l.launch(cfg(tiles, 0)?) }?;
+        let window = if k == 0 {
+            None
+        } else {
+            self.topk_by_window(x, k, tiles)?
+        };
+        let TopkCounts {
+            threshold,
+            ties,
+            gt,
+            eq,
+        } = match window {
+            Some(counts) => counts,
+            None => {
+                // First pass: the top 11 magnitude bits; it also finds NaN and infinities.
+                let h1 = self.radix_pass(x, n, 32, 0, 20, 2048)?;
+                if h1
+                    .get((INF_BITS >> 20) as usize..)
+                    .is_some_and(|h| h.iter().any(|&c| c > 0))
+                {
+                    return Err(CudaError::NonFinite { kernel: "topk" });
+                }
+                if k == 0 {
+                    return empty();
+                }
+                self.topk_full(x, k, tiles, h1)?
+            }
+        };
+        // `ties` of the entries equal to the threshold are kept: the lowest-index ones.
         let gt = s.clone_dtoh(&gt)?;
         let eq = s.clone_dtoh(&eq)?;
         let mut offsets = Vec::with_capacity(tiles);
         let mut take = Vec::with_capacity(tiles);
-        let (mut at, mut ties) = (0u64, r3);
+        let (mut at, mut ties) = (0u64, ties);
         for (&g, &e) in gt.iter().zip(&eq) {
             let t = u64::from(e).min(ties);
             offsets.push(at as u32);
