@@ -9,8 +9,8 @@
 //! | `POST /v1/update?samples=N&loss=L` | safetensors body: this round's update, one f32 tensor per layer; 202 when queued |
 //! | `GET /v1/merged?after=R` | safetensors of the newest merged update of a round > R (204 until one exists) |
 //!
-//! An external trainer (a PyTorch job on the same host, see `examples/external_trainer.py`)
-//! pushes its update each round and pulls the merged one; the node does the rest.
+//! An external trainer (a PyTorch job on the same host, through the `kindred` Python package in
+//! `node/python`) pushes its update each round and pulls the merged one; the node does the rest.
 //!
 //! # Limits
 //!

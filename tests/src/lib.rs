@@ -394,3 +394,36 @@ pub fn start_two_clusters(dir: &Path, network: &str, n: usize, round_secs: f64) 
     }
     nodes
 }
+
+/// A `python3` for the Python package's tests: `KINDRED_PYTHON` when set (CI sets it to a fresh
+/// virtual environment where `pip install ./node/python` installed the package, and must), else
+/// `python3` with `node/python` on `PYTHONPATH`. `Err` with the reason when that interpreter
+/// cannot import the package and its requirements (numpy, safetensors); on CI both are errors,
+/// never a skip.
+pub fn python_client() -> Result<Command, String> {
+    let on_ci = std::env::var_os("CI").is_some();
+    let venv = std::env::var_os("KINDRED_PYTHON");
+    assert!(
+        !on_ci || venv.is_some(),
+        "on CI, KINDRED_PYTHON must name the python of a venv with `pip install ./node/python`"
+    );
+    let package = Path::new(env!("CARGO_MANIFEST_DIR")).join("../node/python");
+    let command = || match &venv {
+        Some(python) => Command::new(python),
+        None => {
+            let mut c = Command::new("python3");
+            c.env("PYTHONPATH", &package);
+            c
+        }
+    };
+    let ready = command()
+        .args(["-c", "import numpy, safetensors, kindred"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if ready {
+        return Ok(command());
+    }
+    let why = "python3 cannot import numpy, safetensors or kindred (`pip install ./node/python`)";
+    assert!(!on_ci, "on CI: {why}");
+    Err(why.to_owned())
+}
