@@ -197,7 +197,7 @@ pub struct RoundRecord {
     /// since it started.
     #[serde(default)]
     pub wire_bytes_sent: u64,
-    /// The same bytes by protocol (`kademlia`, `rpc`, `identify`, `ping`, `other`).
+    /// The same bytes by protocol (`kademlia`, `rpc`, `identify`, `ping`, `autonat`, `other`).
     #[serde(default)]
     pub wire_sent_by_protocol: BTreeMap<String, u64>,
 }
@@ -231,6 +231,10 @@ pub struct Status {
     pub restored: Option<crate::engine::Restored>,
     /// Connected peers.
     pub connected: usize,
+    /// Whether other peers can dial this node (AutoNAT dial-back tests): `public`, `private` or
+    /// `unknown`.
+    #[serde(default)]
+    pub reachability: kindred_routing::reachability::NatStatus,
     /// Peers banned now.
     pub banned: usize,
     /// Invalid data received, by reason.
@@ -246,7 +250,7 @@ pub struct Status {
     /// Bytes received over all connections since start, every protocol.
     #[serde(default)]
     pub wire_bytes_received: u64,
-    /// Bytes sent since start by protocol (`kademlia`, `rpc`, `identify`, `ping`, `other`).
+    /// Bytes sent since start by protocol (`kademlia`, `rpc`, `identify`, `ping`, `autonat`, `other`).
     #[serde(default)]
     pub wire_sent_by_protocol: BTreeMap<String, u64>,
     /// Bytes received since start by protocol.

@@ -110,7 +110,7 @@ pub struct DemoReport {
     /// rounds and first searches, [`WARMUP_ROUNDS`]): what a long run costs per round.
     pub wire_bytes_per_node_round_steady: f64,
     /// [`DemoReport::wire_bytes_per_node_round`] by protocol (`kademlia`, `rpc`, `identify`,
-    /// `ping`, `other`).
+    /// `ping`, `autonat`, `other`).
     pub wire_bytes_per_node_round_by_protocol: BTreeMap<String, f64>,
     /// [`DemoReport::wire_bytes_warmup_per_node`] by protocol.
     pub wire_bytes_warmup_by_protocol: BTreeMap<String, f64>,

@@ -358,10 +358,11 @@ fn status(args: StatusArgs) -> anyhow::Result<()> {
         )
     });
     let text = format!(
-        "peer      {}\nround     {}\nconnected {}\nbanned    {}\naccuracy  {}\nexchange  {}\npartners  {}\nsnapshot  {}\nrejects   {:?}\n",
+        "peer      {}\nround     {}\nconnected {}\nreachable {}\nbanned    {}\naccuracy  {}\nexchange  {}\npartners  {}\nsnapshot  {}\nrejects   {:?}\n",
         s.peer_id,
         s.round.map_or("-".into(), |r| r.to_string()),
         s.connected,
+        s.reachability,
         s.banned,
         last.and_then(|r| r.accuracy)
             .map_or("-".into(), |a| format!("{:.2}%", a * 100.0)),

@@ -25,6 +25,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64};
 
 use kindred_routing::NodeInfo;
 use kindred_routing::identity_gate::BAD_IDENTITY;
+use kindred_routing::reachability::NatStatus;
 
 /// One label: a merge verdict (`accepted` or a rejection reason), or a lookup mode.
 type Labels = Vec<(&'static str, String)>;
@@ -85,6 +86,7 @@ struct Reachability {
     kad_server: Gauge<i64, AtomicI64>,
     external_addrs: Gauge<i64, AtomicI64>,
     bootstraps_cut: Gauge<i64, AtomicI64>,
+    nat_public: Gauge<i64, AtomicI64>,
 }
 
 /// Label values known in advance, exported at 0 from the start so that every series exists
@@ -204,6 +206,7 @@ impl NodeMetrics {
             exchange_is_hub.clone(),
         );
         let reachability = Reachability::default();
+        reachability.nat_public.set(-1);
         for (name, help, gauge) in [
             (
                 "connected_peers",
@@ -226,6 +229,12 @@ impl NodeMetrics {
                 "external_addresses",
                 "Addresses confirmed reachable from other peers",
                 &reachability.external_addrs,
+            ),
+            (
+                "reachable",
+                "Whether peers can dial this node, from AutoNAT dial-back tests: 1 public, 0 \
+                 private (behind NAT or a firewall), -1 unknown (no test finished yet)",
+                &reachability.nat_public,
             ),
             (
                 "kademlia_bootstraps_cut",
@@ -279,6 +288,11 @@ impl NodeMetrics {
         r.banned.set(count(info.banned.len()));
         r.kad_server.set(i64::from(info.kad_server));
         r.external_addrs.set(count(info.external_addrs.len()));
+        r.nat_public.set(match info.reachability {
+            NatStatus::Public => 1,
+            NatStatus::Private => 0,
+            NatStatus::Unknown => -1,
+        });
         r.bootstraps_cut
             .set(i64::try_from(info.bootstraps_cut).unwrap_or(i64::MAX));
     }
@@ -367,7 +381,7 @@ impl Collector for RoutingSnapshot {
         let counter = ConstCounter::new(0u64);
         let mut family = encoder.encode_descriptor(
             "wire_protocol_bytes",
-            "Bytes over all connections by protocol (kademlia, rpc, identify, ping, other) and \
+            "Bytes over all connections by protocol (kademlia, rpc, identify, ping, autonat, other) and \
              direction",
             None,
             counter.metric_type(),
@@ -541,6 +555,7 @@ mod tests {
             "kindred_connected_peers 0",
             "kindred_kademlia_server 0",
             "kindred_external_addresses 0",
+            "kindred_reachable -1",
         ] {
             assert!(text.contains(line), "{line} missing:\n{text}");
         }
@@ -555,6 +570,7 @@ mod tests {
             bootstraps_cut: 2,
             kad_server: true,
             external_addrs: vec!["/ip4/127.0.0.1/tcp/4001".parse().unwrap()],
+            reachability: NatStatus::Public,
         };
         m.set_reachability(&info);
         let text = m.render();
@@ -565,6 +581,7 @@ mod tests {
             "kindred_kademlia_server 1",
             "kindred_external_addresses 1",
             "kindred_kademlia_bootstraps_cut 2",
+            "kindred_reachable 1",
         ] {
             assert!(text.contains(line), "{line} missing:\n{text}");
         }
@@ -573,9 +590,11 @@ mod tests {
             connected: Vec::new(),
             kad_server: false,
             external_addrs: Vec::new(),
+            reachability: NatStatus::Private,
             ..info
         });
         let text = m.render();
+        assert!(text.contains("kindred_reachable 0"), "{text}");
         assert!(text.contains("kindred_connected_peers 0"), "{text}");
         assert!(text.contains("kindred_kademlia_server 0"), "{text}");
     }

@@ -748,6 +748,7 @@ fn update_status(
         s.round = Some(round);
         if let Some(i) = info {
             s.connected = i.connected.len();
+            s.reachability = i.reachability;
             s.banned = i.banned.len();
         }
         if let Some(rm) = routing_metrics {

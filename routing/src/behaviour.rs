@@ -1,5 +1,6 @@
 //! The composed libp2p `NetworkBehaviour`: identity gate, ban list, connection limits,
-//! Kademlia, identify, ping, and the header/body request-response protocol.
+//! Kademlia, identify, ping, AutoNAT (v1, client and server, [`crate::reachability`]), and the
+//! header/body request-response protocol.
 //!
 //! Order matters: the identity gate ([`crate::identity_gate`]: weak, non-canonical or
 //! non-ed25519 identity keys, which the Noise handshake lets through), the ban list and the limits
@@ -9,6 +10,7 @@
 use std::convert::Infallible;
 
 use kindred_proto::rpc::RpcResponse;
+use libp2p::autonat;
 use libp2p::identity::Keypair;
 use libp2p::kad::store::{MemoryStore, MemoryStoreConfig};
 use libp2p::swarm::NetworkBehaviour;
@@ -42,6 +44,8 @@ pub struct Behaviour {
     pub identify: identify::Behaviour,
     /// Liveness.
     pub ping: ping::Behaviour,
+    /// AutoNAT: asks peers to dial this node back, and dials them back when they ask.
+    pub autonat: autonat::Behaviour,
     /// `GetHeaders` / `GetBody`.
     pub rpc: request_response::Behaviour<RpcCodec>,
 }
@@ -55,6 +59,8 @@ pub enum BehaviourEvent {
     Identify(Box<identify::Event>),
     /// A ping result.
     Ping(ping::Event),
+    /// An AutoNAT probe, in either role, or a new verdict on this node.
+    Autonat(autonat::Event),
     /// A request (possibly [`WireRequest::Invalid`]), response or failure of
     /// `/kindred/rpc/1.0.0`.
     Rpc(request_response::Event<WireRequest, RpcResponse>),
@@ -81,6 +87,12 @@ impl From<identify::Event> for BehaviourEvent {
 impl From<ping::Event> for BehaviourEvent {
     fn from(e: ping::Event) -> Self {
         Self::Ping(e)
+    }
+}
+
+impl From<autonat::Event> for BehaviourEvent {
+    fn from(e: autonat::Event) -> Self {
+        Self::Autonat(e)
     }
 }
 
@@ -148,6 +160,7 @@ impl Behaviour {
             kad,
             identify,
             ping: ping::Behaviour::new(ping::Config::new()),
+            autonat: autonat::Behaviour::new(peer, crate::reachability::autonat_config()),
             rpc,
         }
     }

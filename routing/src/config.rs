@@ -355,7 +355,9 @@ pub struct ConnectionConfig {
     /// Established outbound connections. Default 1024 (room for a lookup's
     /// [`LookupConfig::max_providers`] header requests plus Kademlia's own).
     pub max_established_outgoing: u32,
-    /// Established connections per peer. Default 2 (one each way during simultaneous dials).
+    /// Established connections per peer. Default 3: one each way during simultaneous dials, and
+    /// AutoNAT's dial-back, which arrives on a fresh connection from a peer already connected
+    /// (and may meet the dial-back this node ran for that peer, still open).
     pub max_established_per_peer: u32,
     /// Inbound connections still handshaking. Default 64.
     pub max_pending_incoming: u32,
@@ -368,7 +370,7 @@ impl Default for ConnectionConfig {
         Self {
             max_established_incoming: 1024,
             max_established_outgoing: 1024,
-            max_established_per_peer: 2,
+            max_established_per_peer: 3,
             max_pending_incoming: 64,
             max_pending_outgoing: 64,
         }

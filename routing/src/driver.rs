@@ -36,6 +36,7 @@ use crate::handle::{BootstrapError, Command, DialError, NodeInfo, ReplayMark, Ro
 use crate::identity_gate::{BAD_IDENTITY, IdentityDenied};
 use crate::keys::{SemanticKey, dht_key};
 use crate::lookup::{LookupError, LookupId, Partners};
+use crate::reachability::NatStatus;
 use crate::snapshot::{SnapshotError, SnapshotFetchId};
 use crate::store::PacketStore;
 use crate::wire::WireCounters;
@@ -81,6 +82,8 @@ pub(crate) struct Driver {
     dropped_events: u64,
     /// Byte counters of every connection, by protocol ([`crate::wire::count_bytes`]).
     wire: WireCounters,
+    /// AutoNAT's verdict on this node ([`crate::reachability`]).
+    reachability: NatStatus,
 }
 
 impl Driver {
@@ -116,6 +119,7 @@ impl Driver {
             addr_book: AddrBook::new(ADDR_BOOK_PEERS),
             dropped_events: 0,
             wire,
+            reachability: NatStatus::Unknown,
         }
     }
 
@@ -257,6 +261,7 @@ impl Driver {
                     bootstraps_cut: self.bootstrap_governor.cut_total(),
                     kad_server: self.swarm.behaviour().kad.mode() == kad::Mode::Server,
                     external_addrs: self.swarm.external_addresses().cloned().collect(),
+                    reachability: self.reachability,
                 };
                 let _ = reply.send(info);
             }
@@ -486,6 +491,7 @@ impl Driver {
                     }
                 }
             }
+            SwarmEvent::Behaviour(BehaviourEvent::Autonat(e)) => self.on_autonat(e),
             SwarmEvent::Behaviour(_) => {}
             SwarmEvent::ConnectionEstablished {
                 peer_id,
@@ -527,6 +533,29 @@ impl Driver {
                 self.swarm.add_external_address(address);
             }
             _ => {}
+        }
+    }
+
+    /// An AutoNAT probe finished (either role), or the verdict on this node changed.
+    fn on_autonat(&mut self, e: libp2p::autonat::Event) {
+        match e {
+            libp2p::autonat::Event::StatusChanged { old, new } => {
+                let status = NatStatus::from(&new);
+                self.reachability = status;
+                match &new {
+                    libp2p::autonat::NatStatus::Public(addr) => tracing::info!(
+                        %status, %addr, was = %NatStatus::from(&old),
+                        "reachability: peers dialled this node back"
+                    ),
+                    _ => tracing::info!(
+                        %status, was = %NatStatus::from(&old),
+                        "reachability: peers could not dial this node back (behind NAT or a \
+                         firewall: forward the listen port)"
+                    ),
+                }
+                self.emit(RoutingEvent::Reachability { status });
+            }
+            other => tracing::debug!(event = ?other, "AutoNAT probe"),
         }
     }
 

@@ -79,6 +79,11 @@ pub enum RoutingEvent {
         /// The peer.
         peer: PeerId,
     },
+    /// AutoNAT tests changed the verdict on whether peers can dial this node.
+    Reachability {
+        /// The new verdict.
+        status: crate::reachability::NatStatus,
+    },
 }
 
 /// One replay high-water mark: the highest round accepted from `sender` for `model`, and the
@@ -118,6 +123,8 @@ pub struct NodeInfo {
     pub kad_server: bool,
     /// Addresses confirmed reachable from other peers (the swarm's external addresses).
     pub external_addrs: Vec<Multiaddr>,
+    /// Whether other peers can dial this node, from AutoNAT dial-back tests.
+    pub reachability: crate::reachability::NatStatus,
 }
 
 /// Why the routing task could not start.

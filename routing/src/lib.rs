@@ -55,6 +55,7 @@ pub mod index;
 pub mod keys;
 pub mod lookup;
 pub mod metrics;
+pub mod reachability;
 pub mod replay;
 pub mod scoring;
 mod serve;

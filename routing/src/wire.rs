@@ -52,17 +52,20 @@ pub enum WireProtocol {
     Identify,
     /// ping.
     Ping,
+    /// AutoNAT probes and dial-back answers (`/libp2p/autonat/1.0.0`).
+    Autonat,
     /// Anything else, and streams whose protocol was not seen.
     Other,
 }
 
 impl WireProtocol {
     /// Every protocol, in label order.
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 6] = [
         Self::Kademlia,
         Self::Rpc,
         Self::Identify,
         Self::Ping,
+        Self::Autonat,
         Self::Other,
     ];
 
@@ -77,6 +80,7 @@ impl WireProtocol {
             Self::Rpc => "rpc",
             Self::Identify => "identify",
             Self::Ping => "ping",
+            Self::Autonat => "autonat",
             Self::Other => "other",
         }
     }
@@ -87,7 +91,8 @@ impl WireProtocol {
             Self::Rpc => 1,
             Self::Identify => 2,
             Self::Ping => 3,
-            Self::Other => 4,
+            Self::Autonat => 4,
+            Self::Other => 5,
         }
     }
 
@@ -98,6 +103,7 @@ impl WireProtocol {
             n if n == RPC_PROTOCOL.as_ref().as_bytes() => Some(Self::Rpc),
             b"/ipfs/id/1.0.0" | b"/ipfs/id/push/1.0.0" => Some(Self::Identify),
             b"/ipfs/ping/1.0.0" => Some(Self::Ping),
+            b"/libp2p/autonat/1.0.0" => Some(Self::Autonat),
             _ => None,
         }
     }
@@ -107,13 +113,13 @@ impl WireProtocol {
 /// with [`count_bytes`].
 #[derive(Debug, Default, Clone)]
 pub struct WireCounters {
-    counts: Arc<[[AtomicU64; 2]; 5]>,
+    counts: Arc<[[AtomicU64; 2]; WireProtocol::ALL.len()]>,
 }
 
 /// Bytes (received, sent) by protocol at one instant ([`WireCounters::snapshot`]).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct WireBytes {
-    counts: [(u64, u64); 5],
+    counts: [(u64, u64); WireProtocol::ALL.len()],
 }
 
 impl WireBytes {
@@ -144,7 +150,7 @@ impl WireBytes {
 impl WireCounters {
     /// The counts so far.
     pub fn snapshot(&self) -> WireBytes {
-        let mut counts = [(0, 0); 5];
+        let mut counts = [(0, 0); WireProtocol::ALL.len()];
         for (slot, [i, o]) in counts.iter_mut().zip(self.counts.iter()) {
             *slot = (i.load(Ordering::Relaxed), o.load(Ordering::Relaxed));
         }

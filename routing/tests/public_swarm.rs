@@ -1,5 +1,6 @@
 //! Public swarms over loopback: QUIC beside TCP (dialed, and its bytes counted like TCP's), a
-//! peer named by DNS, and a private swarm that refuses QUIC with a clear reason.
+//! peer named by DNS, a private swarm that refuses QUIC with a clear reason, and AutoNAT
+//! finding a listening node reachable.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
 use std::sync::Arc;
@@ -114,4 +115,34 @@ async fn a_private_swarm_refuses_to_listen_on_quic() {
     // Its TCP address is fine.
     let private = node(&["/ip4/127.0.0.1/tcp/0"], Some(key)).await.unwrap();
     private.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn autonat_finds_a_listening_node_reachable() {
+    use kindred_routing::reachability::NatStatus;
+    let host = node(&["/ip4/127.0.0.1/tcp/0"], None).await.unwrap();
+    let peer = node(&["/ip4/127.0.0.1/tcp/0"], None).await.unwrap();
+    assert_eq!(peer.info().await.unwrap().reachability, NatStatus::Unknown);
+    let start = Instant::now();
+    dial(&peer, host.listen_addrs()[0].clone()).await;
+    // Each side asks the other to dial its listen address back (the first probe 5 s after
+    // start).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (a, b) = (host.info().await.unwrap(), peer.info().await.unwrap());
+        if a.reachability == NatStatus::Public && b.reachability == NatStatus::Public {
+            println!("both public after {:?}", start.elapsed());
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no verdict in 30 s: host {:?}, peer {:?}",
+            a.reachability,
+            b.reachability
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for h in [host, peer] {
+        h.shutdown().await;
+    }
 }

@@ -237,6 +237,8 @@ fn every_dashboard_metric_is_exported() {
                         && sample(m, "kindred_connected_peers").is_some_and(|c| c >= 1.0)
                         // A hub-exchange search (after the 2 local rounds) is timed.
                         && sample(m, "kindred_lookup_seconds_count").is_some_and(|c| c >= 1.0)
+                        // AutoNAT's verdict (its first probe 5 s after start).
+                        && sample(m, "kindred_reachable") == Some(1.0)
                 })
             })
             .unwrap_or_else(|| {
@@ -261,7 +263,7 @@ fn every_dashboard_metric_is_exported() {
             "the dashboard queries metrics the node does not export: {missing:?}\nscrape:\n{scrape}"
         );
         // The reachability gauges take the routing task's state: loopback listen addresses are
-        // external for a node, so Kademlia runs as a server.
+        // external for a node, so Kademlia runs as a server, and AutoNAT found it reachable.
         assert_eq!(
             sample(scrape, "kindred_kademlia_server"),
             Some(1.0),
@@ -271,6 +273,7 @@ fn every_dashboard_metric_is_exported() {
             sample(scrape, "kindred_external_addresses").is_some_and(|n| n >= 1.0),
             "{scrape}"
         );
+        assert_eq!(sample(scrape, "kindred_reachable"), Some(1.0), "{scrape}");
     }
     eprintln!(
         "{} metric names, all exported; {:?} in all",
