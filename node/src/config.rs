@@ -185,6 +185,9 @@ pub struct NodeConfig {
     pub bootstrap: Vec<String>,
     /// Pre-shared key file of a private swarm (`kindred swarm-key` makes one).
     pub swarm_key: Option<PathBuf>,
+    /// Ask the local network's gateway (UPnP) to forward the listen ports to this host.
+    /// Default false.
+    pub upnp: bool,
     /// Address of the local HTTP API (status, metrics, external trainer). Loopback by default.
     pub api: Option<SocketAddr>,
     /// Target length of one round, seconds.
@@ -231,6 +234,7 @@ impl Default for NodeConfig {
             ],
             bootstrap: Vec::new(),
             swarm_key: None,
+            upnp: false,
             api: Some(SocketAddr::from(([127, 0, 0, 1], 7070))),
             round_secs: 10.0,
             rounds: None,

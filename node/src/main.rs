@@ -65,6 +65,10 @@ struct Overrides {
     /// Pre-shared key file: join a private swarm.
     #[arg(long, env = "KINDRED_SWARM_KEY")]
     swarm_key: Option<PathBuf>,
+    /// Ask the router (UPnP) to forward the listen ports to this host (`--upnp` or
+    /// `--upnp=false`).
+    #[arg(long, env = "KINDRED_UPNP", num_args = 0..=1, default_missing_value = "true")]
+    upnp: Option<bool>,
     /// Local API address (status, metrics, external trainer).
     #[arg(long, env = "KINDRED_API")]
     api: Option<SocketAddr>,
@@ -128,6 +132,7 @@ impl Overrides {
         if self.swarm_key.is_some() {
             c.swarm_key = self.swarm_key;
         }
+        set(&mut c.upnp, self.upnp);
         if self.api.is_some() {
             c.api = self.api;
         }

@@ -145,6 +145,7 @@ pub async fn run(
         .collect::<Result<_, _>>()
         .context("listen address")?;
     routing_config.transport.listen_addrs_are_external = true;
+    routing_config.transport.upnp = config.upnp;
     if let Some(path) = &config.swarm_key {
         routing_config.transport.swarm_key = Some(read_swarm_key(path)?);
         // pnet wraps TCP only: a private swarm skips QUIC listen addresses (the default has one).

@@ -71,7 +71,7 @@ fn swarm_key_is_written_once_in_the_pnet_format() {
 fn init_keeps_the_identity_and_writes_the_config() {
     let dir = tempdir("init");
     let first = kindred()
-        .args(["init", "--round-secs", "4", "--data-dir"])
+        .args(["init", "--round-secs", "4", "--upnp", "--data-dir"])
         .arg(&dir)
         .output()
         .unwrap();
@@ -88,6 +88,7 @@ fn init_keeps_the_identity_and_writes_the_config() {
     assert_eq!(first.stdout, second.stdout, "same PeerId on every init");
     let config = kindred_node::config::NodeConfig::load(&dir).unwrap();
     assert_eq!(config.round_secs, 4.0);
+    assert!(config.upnp, "`--upnp` alone turns it on");
     // A typo in the config file is an error, not a silent default.
     std::fs::write(dir.join("kindred.toml"), "round_sec = 3\n").unwrap();
     let bad = kindred()

@@ -1,6 +1,7 @@
 //! The composed libp2p `NetworkBehaviour`: identity gate, ban list, connection limits,
-//! Kademlia, identify, ping, AutoNAT (v1, client and server, [`crate::reachability`]), and the
-//! header/body request-response protocol.
+//! Kademlia, identify, ping, AutoNAT (v1, client and server, [`crate::reachability`]), UPnP port
+//! mapping when asked for ([`crate::TransportConfig::upnp`]), and the header/body
+//! request-response protocol.
 //!
 //! Order matters: the identity gate ([`crate::identity_gate`]: weak, non-canonical or
 //! non-ed25519 identity keys, which the Noise handshake lets through), the ban list and the limits
@@ -14,8 +15,10 @@ use libp2p::autonat;
 use libp2p::identity::Keypair;
 use libp2p::kad::store::{MemoryStore, MemoryStoreConfig};
 use libp2p::swarm::NetworkBehaviour;
+use libp2p::swarm::behaviour::toggle::Toggle;
 use libp2p::{
     StreamProtocol, allow_block_list, connection_limits, identify, kad, ping, request_response,
+    upnp,
 };
 
 use crate::codec::{RPC_PROTOCOL, RpcCodec, WireRequest};
@@ -46,6 +49,8 @@ pub struct Behaviour {
     pub ping: ping::Behaviour,
     /// AutoNAT: asks peers to dial this node back, and dials them back when they ask.
     pub autonat: autonat::Behaviour,
+    /// Port mappings on the local network's gateway (UPnP IGD), when enabled.
+    pub upnp: Toggle<upnp::tokio::Behaviour>,
     /// `GetHeaders` / `GetBody`.
     pub rpc: request_response::Behaviour<RpcCodec>,
 }
@@ -61,6 +66,8 @@ pub enum BehaviourEvent {
     Ping(ping::Event),
     /// An AutoNAT probe, in either role, or a new verdict on this node.
     Autonat(autonat::Event),
+    /// A gateway port mapping made, lost, or not possible.
+    Upnp(upnp::Event),
     /// A request (possibly [`WireRequest::Invalid`]), response or failure of
     /// `/kindred/rpc/1.0.0`.
     Rpc(request_response::Event<WireRequest, RpcResponse>),
@@ -87,6 +94,12 @@ impl From<identify::Event> for BehaviourEvent {
 impl From<ping::Event> for BehaviourEvent {
     fn from(e: ping::Event) -> Self {
         Self::Ping(e)
+    }
+}
+
+impl From<upnp::Event> for BehaviourEvent {
+    fn from(e: upnp::Event) -> Self {
+        Self::Upnp(e)
     }
 }
 
@@ -161,6 +174,7 @@ impl Behaviour {
             identify,
             ping: ping::Behaviour::new(ping::Config::new()),
             autonat: autonat::Behaviour::new(peer, crate::reachability::autonat_config()),
+            upnp: Toggle::from(config.transport.upnp.then(upnp::tokio::Behaviour::default)),
             rpc,
         }
     }

@@ -328,6 +328,10 @@ pub struct TransportConfig {
     /// Treat the actual listen addresses as reachable (a host with a public address, a LAN, or
     /// loopback tests). Default false.
     pub listen_addrs_are_external: bool,
+    /// Ask the local network's gateway (UPnP IGD) to forward each listen port to this host;
+    /// a mapped address becomes an external address. Default false: most gateways have UPnP
+    /// off, and searching for one costs a multicast each start.
+    pub upnp: bool,
 }
 
 impl Default for TransportConfig {
@@ -342,6 +346,7 @@ impl Default for TransportConfig {
             listen: Vec::new(),
             external: Vec::new(),
             listen_addrs_are_external: false,
+            upnp: false,
         }
     }
 }

@@ -492,6 +492,28 @@ impl Driver {
                 }
             }
             SwarmEvent::Behaviour(BehaviourEvent::Autonat(e)) => self.on_autonat(e),
+            SwarmEvent::Behaviour(BehaviourEvent::Upnp(e)) => match e {
+                libp2p::upnp::Event::NewExternalAddr {
+                    local_addr,
+                    external_addr,
+                } => {
+                    tracing::info!(%local_addr, %external_addr, "UPnP: the gateway forwards a port")
+                }
+                libp2p::upnp::Event::ExpiredExternalAddr {
+                    local_addr,
+                    external_addr,
+                } => tracing::warn!(
+                    %local_addr, %external_addr,
+                    "UPnP: the gateway stopped forwarding a port"
+                ),
+                libp2p::upnp::Event::GatewayNotFound => {
+                    tracing::info!("UPnP: no gateway answered (is UPnP on in the router?)");
+                }
+                libp2p::upnp::Event::NonRoutableGateway => tracing::warn!(
+                    "UPnP: the gateway is not on the public internet (a NAT behind a NAT): no \
+                     port mapped"
+                ),
+            },
             SwarmEvent::Behaviour(_) => {}
             SwarmEvent::ConnectionEstablished {
                 peer_id,

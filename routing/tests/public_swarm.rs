@@ -1,6 +1,6 @@
 //! Public swarms over loopback: QUIC beside TCP (dialed, and its bytes counted like TCP's), a
-//! peer named by DNS, a private swarm that refuses QUIC with a clear reason, and AutoNAT
-//! finding a listening node reachable.
+//! peer named by DNS, a private swarm that refuses QUIC with a clear reason, AutoNAT finding a
+//! listening node reachable, and UPnP on where no gateway answers.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
 use std::sync::Arc;
@@ -19,10 +19,19 @@ use libp2p::pnet::PreSharedKey;
 const LIMIT: Duration = Duration::from_secs(10);
 
 async fn node(listen: &[&str], key: Option<PreSharedKey>) -> Result<RoutingHandle, SpawnError> {
+    node_with(listen, key, false).await
+}
+
+async fn node_with(
+    listen: &[&str],
+    key: Option<PreSharedKey>,
+    upnp: bool,
+) -> Result<RoutingHandle, SpawnError> {
     let mut config = RoutingConfig::new(NetworkId::from_name("public"));
     config.transport.kind = TransportKind::Tcp;
     config.transport.listen = listen.iter().map(|a| a.parse().unwrap()).collect();
     config.transport.swarm_key = key;
+    config.transport.upnp = upnp;
     let (handle, _events) = spawn(
         Keypair::generate_ed25519(),
         config,
@@ -141,6 +150,36 @@ async fn autonat_finds_a_listening_node_reachable() {
             b.reachability
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for h in [host, peer] {
+        h.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upnp_without_a_gateway_leaves_the_node_working() {
+    let host = node_with(&["/ip4/127.0.0.1/tcp/0"], None, true)
+        .await
+        .unwrap();
+    let peer = node(&["/ip4/127.0.0.1/tcp/0"], None).await.unwrap();
+    assert_eq!(
+        dial(&peer, host.listen_addrs()[0].clone()).await,
+        host.peer_id()
+    );
+    // The gateway search runs beside the swarm: the node answers while it goes on or fails.
+    let deadline = Instant::now() + LIMIT;
+    while !host
+        .info()
+        .await
+        .unwrap()
+        .connected
+        .contains(&peer.peer_id())
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the host never saw the peer connect"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     for h in [host, peer] {
         h.shutdown().await;
