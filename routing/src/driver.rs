@@ -82,8 +82,6 @@ pub(crate) struct Driver {
     dropped_events: u64,
     /// Byte counters of every connection, by protocol ([`crate::wire::count_bytes`]).
     wire: WireCounters,
-    /// AutoNAT's verdict on this node ([`crate::reachability`]).
-    reachability: NatStatus,
 }
 
 impl Driver {
@@ -119,7 +117,6 @@ impl Driver {
             addr_book: AddrBook::new(ADDR_BOOK_PEERS),
             dropped_events: 0,
             wire,
-            reachability: NatStatus::Unknown,
         }
     }
 
@@ -261,7 +258,7 @@ impl Driver {
                     bootstraps_cut: self.bootstrap_governor.cut_total(),
                     kad_server: self.swarm.behaviour().kad.mode() == kad::Mode::Server,
                     external_addrs: self.swarm.external_addresses().cloned().collect(),
-                    reachability: self.reachability,
+                    reachability: NatStatus::from(&self.swarm.behaviour().autonat.nat_status()),
                 };
                 let _ = reply.send(info);
             }
@@ -558,24 +555,23 @@ impl Driver {
         }
     }
 
-    /// An AutoNAT probe finished (either role), or the verdict on this node changed.
+    /// An AutoNAT probe finished (either role), or the verdict on this node changed (the
+    /// verdict itself is the behaviour's, read for [`NodeInfo`]).
     fn on_autonat(&mut self, e: libp2p::autonat::Event) {
         match e {
             libp2p::autonat::Event::StatusChanged { old, new } => {
-                let status = NatStatus::from(&new);
-                self.reachability = status;
+                let (status, was) = (NatStatus::from(&new), NatStatus::from(&old));
                 match &new {
                     libp2p::autonat::NatStatus::Public(addr) => tracing::info!(
-                        %status, %addr, was = %NatStatus::from(&old),
+                        %status, %addr, %was,
                         "reachability: peers dialled this node back"
                     ),
                     _ => tracing::info!(
-                        %status, was = %NatStatus::from(&old),
+                        %status, %was,
                         "reachability: peers could not dial this node back (behind NAT or a \
                          firewall: forward the listen port)"
                     ),
                 }
-                self.emit(RoutingEvent::Reachability { status });
             }
             other => tracing::debug!(event = ?other, "AutoNAT probe"),
         }

@@ -79,11 +79,6 @@ pub enum RoutingEvent {
         /// The peer.
         peer: PeerId,
     },
-    /// AutoNAT tests changed the verdict on whether peers can dial this node.
-    Reachability {
-        /// The new verdict.
-        status: crate::reachability::NatStatus,
-    },
 }
 
 /// One replay high-water mark: the highest round accepted from `sender` for `model`, and the

@@ -41,6 +41,21 @@ async fn node_with(
     Ok(handle)
 }
 
+/// Ask `check` every 50 ms until it answers `Ok`; past `limit`, fail with its last `Err`.
+async fn eventually<T, Fut>(limit: Duration, mut check: impl FnMut() -> Fut) -> T
+where
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        match check().await {
+            Ok(v) => return v,
+            Err(why) => assert!(Instant::now() < deadline, "after {limit:?}: {why}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 async fn dial(from: &RoutingHandle, to: Multiaddr) -> libp2p::PeerId {
     tokio::time::timeout(LIMIT, from.dial(to))
         .await
@@ -70,20 +85,15 @@ async fn a_public_node_is_reached_over_quic_and_its_bytes_are_counted() {
     println!("QUIC: connected in {:?}", start.elapsed());
 
     // identify runs on the new connection: its bytes are counted above QUIC as above yamux.
-    let deadline = Instant::now() + LIMIT;
-    loop {
+    let (sent, received) = eventually(LIMIT, || async {
         let wire = peer.metrics().await.unwrap().wire;
-        let (received, sent) = wire.get(WireProtocol::Identify);
-        if sent > 0 && received > 0 {
-            println!("identify over QUIC: {sent} B sent, {received} B received");
-            break;
+        match wire.get(WireProtocol::Identify) {
+            (received, sent) if sent > 0 && received > 0 => Ok((sent, received)),
+            _ => Err(format!("no identify bytes counted: {wire:?}")),
         }
-        assert!(
-            Instant::now() < deadline,
-            "no identify bytes counted: {wire:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
+    println!("identify over QUIC: {sent} B sent, {received} B received");
     for h in [host, peer] {
         h.shutdown().await;
     }
@@ -136,21 +146,15 @@ async fn autonat_finds_a_listening_node_reachable() {
     dial(&peer, host.listen_addrs()[0].clone()).await;
     // Each side asks the other to dial its listen address back (the first probe 5 s after
     // start).
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    eventually(Duration::from_secs(30), || async {
         let (a, b) = (host.info().await.unwrap(), peer.info().await.unwrap());
-        if a.reachability == NatStatus::Public && b.reachability == NatStatus::Public {
-            println!("both public after {:?}", start.elapsed());
-            break;
+        match (a.reachability, b.reachability) {
+            (NatStatus::Public, NatStatus::Public) => Ok(()),
+            other => Err(format!("no verdict yet: (host, peer) {other:?}")),
         }
-        assert!(
-            Instant::now() < deadline,
-            "no verdict in 30 s: host {:?}, peer {:?}",
-            a.reachability,
-            b.reachability
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
+    println!("both public after {:?}", start.elapsed());
     for h in [host, peer] {
         h.shutdown().await;
     }
@@ -167,20 +171,15 @@ async fn upnp_without_a_gateway_leaves_the_node_working() {
         host.peer_id()
     );
     // The gateway search runs beside the swarm: the node answers while it goes on or fails.
-    let deadline = Instant::now() + LIMIT;
-    while !host
-        .info()
-        .await
-        .unwrap()
-        .connected
-        .contains(&peer.peer_id())
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the host never saw the peer connect"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(LIMIT, || async {
+        let connected = host.info().await.unwrap().connected;
+        if connected.contains(&peer.peer_id()) {
+            Ok(())
+        } else {
+            Err("the host never saw the peer connect".to_owned())
+        }
+    })
+    .await;
     for h in [host, peer] {
         h.shutdown().await;
     }

@@ -11,12 +11,8 @@ use kindred_tests::{NodeProc, TempDir, node_config, python_client, wait_for};
 
 #[test]
 fn python_package_tests_pass() {
-    let mut python = match python_client() {
-        Ok(p) => p,
-        Err(why) => {
-            eprintln!("skipping: {why}");
-            return;
-        }
+    let Some(mut python) = python_client() else {
+        return;
     };
     let tests = Path::new(env!("CARGO_MANIFEST_DIR")).join("../node/python/tests");
     let out = python
@@ -34,12 +30,8 @@ fn python_package_tests_pass() {
 
 #[test]
 fn python_client_pushes_updates_and_pulls_merged_ones() {
-    let mut python = match python_client() {
-        Ok(p) => p,
-        Err(why) => {
-            eprintln!("skipping: {why}");
-            return;
-        }
+    let Some(mut python) = python_client() else {
+        return;
     };
     let dir = TempDir::new("external");
     let mut c = node_config("external-test", 0, 0, 1, 2.0);

@@ -42,6 +42,23 @@ __device__ __forceinline__ u64 hash_index(u64 seed, u64 index) {
 
 __device__ __forceinline__ float fmax_cpu(float a, float b) { return a > b ? a : b; }
 
+// A chunk's partials from its 16 lane sums, combined in lane order in f64 as the CPU does:
+// `s`, `q`, `m` point at lane 0's sum, sum of squares and abs-max.
+__device__ void write_partial(const float* s, const float* q, const float* m, u64 chunk,
+                              double* part_sum, double* part_sq, u32* part_max) {
+    double sum = -0.0, sum_sq = -0.0;
+    float max = 0.0f;
+    for (u32 j = 0; j < LANES; j++) {
+        sum = __dadd_rn(sum, (double)s[j]);
+        sum_sq = __dadd_rn(sum_sq, (double)q[j]);
+        // f32::max: ignores NaN.
+        max = (m[j] > max) ? m[j] : max;
+    }
+    part_sum[chunk] = sum;
+    part_sq[chunk] = sum_sq;
+    part_max[chunk] = (isnan(sum) || isnan(sum_sq)) ? INF_BITS : __float_as_uint(max);
+}
+
 // Statistics of one (chunk, lane) thread group of 16, reduced in lane order by lane 0.
 // `s`, `q`, `m` are this lane's partials; shared arrays hold one entry per thread (256).
 __device__ void lanes_to_partial(float s, float q, float m, u64 chunk, u64 nchunks,
@@ -55,18 +72,7 @@ __device__ void lanes_to_partial(float s, float q, float m, u64 chunk, u64 nchun
     sm[t] = m;
     __syncthreads();
     if ((t % LANES) == 0 && chunk < nchunks) {
-        double sum = -0.0, sum_sq = -0.0;
-        float max = 0.0f;
-        for (u32 j = 0; j < LANES; j++) {
-            sum = __dadd_rn(sum, (double)ss[t + j]);
-            sum_sq = __dadd_rn(sum_sq, (double)sq[t + j]);
-            float v = sm[t + j];
-            // f32::max: ignores NaN.
-            max = (v > max) ? v : max;
-        }
-        part_sum[chunk] = sum;
-        part_sq[chunk] = sum_sq;
-        part_max[chunk] = (isnan(sum) || isnan(sum_sq)) ? INF_BITS : __float_as_uint(max);
+        write_partial(ss + t, sq + t, sm + t, chunk, part_sum, part_sq, part_max);
     }
 }
 
@@ -130,17 +136,7 @@ extern "C" __global__ void accumulate_stats(float* __restrict__ residual,
     }
     __syncthreads();
     if (t == 0) {
-        double sum = -0.0, sum_sq = -0.0;
-        float max = 0.0f;
-        for (u32 j = 0; j < LANES; j++) {
-            sum = __dadd_rn(sum, (double)ls[j]);
-            sum_sq = __dadd_rn(sum_sq, (double)lq[j]);
-            float v = lm[j];
-            max = (v > max) ? v : max;
-        }
-        part_sum[chunk] = sum;
-        part_sq[chunk] = sum_sq;
-        part_max[chunk] = (isnan(sum) || isnan(sum_sq)) ? INF_BITS : __float_as_uint(max);
+        write_partial(ls, lq, lm, chunk, part_sum, part_sq, part_max);
     }
 }
 

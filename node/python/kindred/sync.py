@@ -23,7 +23,8 @@ class Synchronizer:
 
     ``params`` maps each layer name of the node's spec to an array of the layer's shape (any
     float dtype; the arithmetic is float32). Construction checks the names and shapes and takes
-    the starting point.
+    the starting point. :class:`kindred.torch.TorchSync` is the same for a PyTorch module: it
+    only reads and writes the parameters differently (:meth:`_read`, :meth:`_write`).
 
     >>> import numpy as np
     >>> from kindred import Client, Synchronizer
@@ -36,7 +37,7 @@ class Synchronizer:
     def __init__(
         self,
         client: Client,
-        params: MutableMapping[str, np.ndarray],
+        params: MutableMapping,
         *,
         merge_timeout: float = 120.0,
         check_spec: bool = True,
@@ -46,18 +47,28 @@ class Synchronizer:
         self.merge_timeout = float(merge_timeout)
         if check_spec:
             client.spec().check(params)
-        self._anchor: Dict[str, np.ndarray] = {
-            k: np.array(v, dtype=np.float32, copy=True) for k, v in params.items()
-        }
+        self._anchor: Dict[str, np.ndarray] = {k: self._read(k) for k in params}
         self.last_round: Optional[int] = None
+
+    def _read(self, name: str) -> np.ndarray:
+        """Layer ``name`` as a float32 copy."""
+        return np.array(self.params[name], dtype=np.float32, copy=True)
+
+    def _write(self, name: str, value: np.ndarray) -> None:
+        """Set layer ``name`` to ``value`` (float32) in place, in the layer's own dtype."""
+        target = self.params[name]
+        if isinstance(target, np.ndarray) and target.flags.writeable:
+            np.copyto(target, value.astype(target.dtype, copy=False))
+        else:
+            self.params[name] = value
 
     def update(self) -> Dict[str, np.ndarray]:
         """The change since the last sync, float32 per layer."""
-        return {k: np.asarray(self.params[k], dtype=np.float32) - a for k, a in self._anchor.items()}
+        return {k: self._read(k) - a for k, a in self._anchor.items()}
 
     def sync(self, samples: int, loss: float = 0.0) -> int:
         """Push the change since the last sync, wait for the round's merged update and apply it:
-        every array becomes its value at the last sync plus the merge, in place. Returns the
+        every layer becomes its value at the last sync plus the merge, in place. Returns the
         merged round. On an error the parameters are left as they were."""
         self.client.push_update(self.update(), samples=samples, loss=loss)
         round_, merged = self.client.wait_merged(self.last_round, timeout=self.merge_timeout)
@@ -66,16 +77,12 @@ class Synchronizer:
         return round_
 
     def apply(self, merged: Mapping[str, np.ndarray]) -> None:
-        """Set every array to its value at the last sync plus ``merged[layer]``, in place, and
+        """Set every layer to its value at the last sync plus ``merged[layer]``, in place, and
         make that the new starting point."""
+        missing = [k for k in self._anchor if k not in merged]
+        if missing:
+            raise KindredError(f"the merged update has no layers {missing}")
         for k, anchor in self._anchor.items():
-            if k not in merged:
-                raise KindredError(f"the merged update has no layer {k!r}")
-            new = anchor + np.asarray(merged[k], dtype=np.float32)
-            target = self.params[k]
-            if isinstance(target, np.ndarray) and target.flags.writeable:
-                np.copyto(target, new.astype(target.dtype, copy=False))
-            else:
-                self.params[k] = target = new
-            # The next update is measured from what the array holds (rounded to its dtype).
-            self._anchor[k] = np.array(target, dtype=np.float32, copy=True)
+            self._write(k, anchor + np.asarray(merged[k], dtype=np.float32))
+            # The next update is measured from what the layer holds (rounded to its dtype).
+            self._anchor[k] = self._read(k)

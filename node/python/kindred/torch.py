@@ -13,17 +13,19 @@ import numpy as np
 import torch
 
 from .client import Client, KindredError
+from .sync import Synchronizer
 
 __all__ = ["TorchSync"]
 
 
-class TorchSync:
+class TorchSync(Synchronizer):
     """Keeps a module's parameters in step with a node.
 
     Call :meth:`step` after every optimizer step with the batch's samples and loss; every
     ``every`` steps it pushes ``params - params at the last sync`` (one round's update) and
-    replaces it, in place, by the round's merged update. ``names`` maps the node's layer names
-    to the module's parameter names where they differ (default: the same names).
+    replaces it, in place, by the round's merged update (:meth:`Synchronizer.sync`). ``names``
+    maps the node's layer names to the module's parameter names where they differ (default:
+    the same names).
 
     Example::
 
@@ -48,14 +50,11 @@ class TorchSync:
     ):
         if every < 1:
             raise ValueError("every must be at least 1")
-        self.client = client
         self.every = int(every)
-        self.merge_timeout = float(merge_timeout)
-        spec = client.spec()
         by_name = dict(module.named_parameters())
         names = dict(names or {})
-        self._params: Dict[str, torch.nn.Parameter] = {}
-        for layer in spec.layers:
+        params: Dict[str, torch.nn.Parameter] = {}
+        for layer in client.spec().layers:
             pname = names.get(layer.name, layer.name)
             if pname not in by_name:
                 raise KindredError(
@@ -69,12 +68,20 @@ class TorchSync:
                 )
             if not p.dtype.is_floating_point:
                 raise KindredError(f"parameter {pname!r} is {p.dtype}, not floating point")
-            self._params[layer.name] = p
-        self._anchor: Dict[str, np.ndarray] = {k: _to_f32(p) for k, p in self._params.items()}
-        self.last_round: Optional[int] = None
+            params[layer.name] = p
+        super().__init__(client, params, merge_timeout=merge_timeout, check_spec=False)
         self._steps = 0
         self._samples = 0
         self._loss_sum = 0.0
+
+    def _read(self, name: str) -> np.ndarray:
+        p = self.params[name]
+        return p.detach().to(device="cpu", dtype=torch.float32).numpy().copy()
+
+    @torch.no_grad()
+    def _write(self, name: str, value: np.ndarray) -> None:
+        p = self.params[name]
+        p.copy_(torch.from_numpy(value).to(device=p.device, dtype=p.dtype))
 
     def step(self, samples: int, loss: float = 0.0) -> Optional[int]:
         """Count one optimizer step; every ``every`` steps, sync. Returns the merged round when
@@ -88,32 +95,6 @@ class TorchSync:
         samples, self._samples, self._loss_sum = self._samples, 0, 0.0
         return self.sync(samples=max(samples, 1), loss=mean_loss)
 
-    def sync(self, samples: int, loss: float = 0.0) -> int:
-        """Push the change since the last sync and apply the round's merged update in place
-        (see the class docs). Returns the merged round."""
-        update = {k: _to_f32(p) - self._anchor[k] for k, p in self._params.items()}
-        self.client.push_update(update, samples=samples, loss=loss)
-        round_, merged = self.client.wait_merged(self.last_round, timeout=self.merge_timeout)
-        self.apply(merged)
-        self.last_round = round_
-        return round_
-
-    @torch.no_grad()
-    def apply(self, merged: Mapping[str, np.ndarray]) -> None:
-        """Set every parameter to its value at the last sync plus ``merged[layer]``, keeping its
-        dtype and device, and make that the new starting point."""
-        for k in self._params:
-            if k not in merged:
-                raise KindredError(f"the merged update has no layer {k!r}")
-        for k, p in self._params.items():
-            new = self._anchor[k] + np.asarray(merged[k], dtype=np.float32)
-            p.copy_(torch.from_numpy(new).to(device=p.device, dtype=p.dtype))
-            self._anchor[k] = _to_f32(p)
-
     def parameters(self) -> Iterable[Tuple[str, torch.nn.Parameter]]:
         """The synced parameters by the node's layer names."""
-        return self._params.items()
-
-
-def _to_f32(p: torch.Tensor) -> np.ndarray:
-    return p.detach().to(device="cpu", dtype=torch.float32).numpy().copy()
+        return self.params.items()

@@ -94,13 +94,18 @@ def no_sleep(_seconds):
     pass
 
 
-class ClientTest(unittest.TestCase):
+class WithNode(unittest.TestCase):
+    """A fresh stand-in node per test, and a client of it that retries without sleeping."""
+
     def setUp(self):
         self.node = FakeNode()
         self.client = Client(self.node.api, timeout=5, retries=3, sleep=no_sleep)
 
     def tearDown(self):
         self.node.close()
+
+
+class ClientTest(WithNode):
 
     def test_spec_is_parsed(self):
         spec = self.client.spec()
@@ -185,13 +190,7 @@ except ImportError:
 
 
 @unittest.skipUnless(HAVE_TORCH, "torch is not installed: the TorchSync path is not tested here")
-class TorchSyncTest(unittest.TestCase):
-    def setUp(self):
-        self.node = FakeNode()
-        self.client = Client(self.node.api, timeout=5, retries=1, sleep=no_sleep)
-
-    def tearDown(self):
-        self.node.close()
+class TorchSyncTest(WithNode):
 
     def test_dtype_and_device_are_kept(self):
         import torch

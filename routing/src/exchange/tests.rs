@@ -38,6 +38,18 @@ fn push(node: &mut Node, now: Millis, (from, rank): (u32, u64), packet: &'static
     );
 }
 
+/// Hub `from`'s answer to the node's push of `round` arrives at `now`.
+fn answer(node: &mut Node, now: u64, from: u32, round: u64, answer: Answer<u32>) {
+    node.handle(
+        Millis(now),
+        Input::AnswerReceived {
+            from,
+            round,
+            answer,
+        },
+    );
+}
+
 fn start(node: &mut Node, round: u64, packet: &'static str) -> Vec<Output<u32, &'static str>> {
     let t = Millis(round * 1_000);
     node.handle(
@@ -267,14 +279,7 @@ fn a_hub_whose_merge_fails_is_banned_at_once_and_joined_anew_when_its_ban_ends()
     member.joined = Some(1);
     let out = start(&mut member, 4, "p2");
     assert!(pushes_to(&out, 1), "{out:?}");
-    member.handle(
-        Millis(4_010),
-        Input::AnswerReceived {
-            from: 1,
-            round: 4,
-            answer: Answer::Accepted,
-        },
-    );
+    answer(&mut member, 4_010, 1, 4, Answer::Accepted);
     member.handle(
         Millis(4_700),
         Input::MergeReceived {
@@ -401,14 +406,7 @@ fn a_member_its_hub_refuses_joins_it_anew_and_takes_its_model_if_refused_again()
         "{out:?}"
     );
     let refused = Answer::Refused { foreign: false };
-    member.handle(
-        Millis(600),
-        Input::AnswerReceived {
-            from: 1,
-            round: 0,
-            answer: refused.clone(),
-        },
-    );
+    answer(&mut member, 600, 1, 0, refused.clone());
     let report = finished(&drain(&mut member)).unwrap();
     assert_eq!((report.role, report.hub), (Role::Member, 1));
     assert_eq!(member.joined(), None, "it joins anew");
@@ -434,14 +432,7 @@ fn a_member_its_hub_refuses_joins_it_anew_and_takes_its_model_if_refused_again()
             ..
         })
     ));
-    member.handle(
-        Millis(1_600),
-        Input::AnswerReceived {
-            from: 1,
-            round: 1,
-            answer: refused,
-        },
-    );
+    answer(&mut member, 1_600, 1, 1, refused);
     let report = finished(&drain(&mut member)).unwrap();
     assert_eq!(report.apply, Apply::Adopt("m1"));
     assert_eq!(member.joined(), Some(&1));
@@ -589,12 +580,7 @@ fn a_member_pushes_again_asks_for_its_merge_and_names_its_view_once() {
     member.joined = Some(1);
     // Round 1: accepted, but the merge is lost: the member asks for it at 800 permille.
     assert_eq!(pushed(&start(&mut member, 1, "b")), Some(1));
-    let answer = |round, answer| Input::AnswerReceived {
-        from: 1,
-        round,
-        answer,
-    };
-    member.handle(Millis(1_010), answer(1, Answer::Accepted));
+    answer(&mut member, 1_010, 1, 1, Answer::Accepted);
     assert_eq!(member.poll_timeout(), Some(Millis(1_800)));
     member.handle_timeout(Millis(1_800));
     assert!(matches!(
@@ -977,14 +963,7 @@ fn a_member_told_of_a_hub_it_outranks_forgets_the_one_it_pushed_to_and_heads() {
     let asked = start(&mut node, 0, "p2");
     assert!(pushes_to(&asked, 1), "{asked:?}");
     // Its hub is catching up at a node this one outranks: itself.
-    node.handle(
-        Millis(5),
-        Input::AnswerReceived {
-            from: 1,
-            round: 0,
-            answer: Answer::NotHub { hub: 2, rank: 20 },
-        },
-    );
+    answer(&mut node, 5, 1, 0, Answer::NotHub { hub: 2, rank: 20 });
     drain(&mut node);
     node.handle(
         Millis(6),
