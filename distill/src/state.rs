@@ -16,6 +16,8 @@
 //! atomically (temp + fsync + rename); this module only makes sure that whatever it reads back is
 //! either exactly what was written or a typed error.
 
+use std::borrow::Cow;
+
 use kindred_proto::{ModelId, ModelSpec};
 use serde::{Deserialize, Serialize};
 
@@ -62,6 +64,86 @@ fn le_bytes(v: &[f32]) -> Vec<u8> {
     out
 }
 
+/// A vector as little-endian bytes: the vector's own memory on little-endian targets.
+fn le_view(v: &[f32]) -> Cow<'_, [u8]> {
+    if cfg!(target_endian = "little") {
+        Cow::Borrowed(bytemuck::cast_slice(v))
+    } else {
+        Cow::Owned(le_bytes(v))
+    }
+}
+
+/// [`DistillerState::to_bytes`]'s encoding as parts that borrow the vectors, so a large state
+/// is written without being copied ([`EncodedState::parts`]); the parts concatenated are
+/// exactly `to_bytes`.
+#[derive(Debug)]
+pub struct EncodedState<'a> {
+    /// The fixed fields and the residual's length, as postcard encodes them.
+    head: Vec<u8>,
+    residual: Cow<'a, [u8]>,
+    /// The mean's length.
+    mid: Vec<u8>,
+    mean: Cow<'a, [u8]>,
+    checksum: [u8; CHECKSUM_LEN],
+}
+
+impl<'a> EncodedState<'a> {
+    fn new(
+        model: ModelId,
+        round: u64,
+        mean_count: u64,
+        residual: &'a [f32],
+        mean: &'a [f32],
+    ) -> Self {
+        #[derive(Serialize)]
+        struct Fixed {
+            version: u16,
+            model: [u8; 32],
+            round: u64,
+            mean_count: u64,
+        }
+        let fixed = Fixed {
+            version: STATE_VERSION,
+            model: model.0,
+            round,
+            mean_count,
+        };
+        let (residual, mean) = (le_view(residual), le_view(mean));
+        // postcard writes a struct as its fields in order and a byte string as its length
+        // (a varint) and its bytes: the same bytes as `WireState`, without the copy.
+        let mut head = postcard::to_allocvec(&fixed).unwrap_or_default();
+        head = postcard::to_extend(&(residual.len() as u64), head).unwrap_or_default();
+        let mid = postcard::to_allocvec(&(mean.len() as u64)).unwrap_or_default();
+        let mut hasher = blake3::Hasher::new();
+        for part in [&head[..], &residual, &mid, &mean] {
+            hasher.update(part);
+        }
+        Self {
+            head,
+            residual,
+            mid,
+            mean,
+            checksum: *hasher.finalize().as_bytes(),
+        }
+    }
+
+    /// The encoding in order; write them one after another.
+    pub fn parts(&self) -> [&[u8]; 5] {
+        [
+            &self.head,
+            &self.residual,
+            &self.mid,
+            &self.mean,
+            &self.checksum,
+        ]
+    }
+
+    /// The parts concatenated.
+    pub fn to_vec(&self) -> Vec<u8> {
+        self.parts().concat()
+    }
+}
+
 fn from_le(what: &'static str, bytes: &[u8]) -> Result<Vec<f32>, RestoreError> {
     let mut out = Vec::with_capacity(bytes.len() / 4);
     for (index, c) in bytes.chunks_exact(4).enumerate() {
@@ -77,22 +159,14 @@ fn from_le(what: &'static str, bytes: &[u8]) -> Result<Vec<f32>, RestoreError> {
 impl DistillerState {
     /// Encode: versioned, checksummed, vectors as raw little-endian f32.
     pub fn to_bytes(&self) -> Vec<u8> {
-        let residual = le_bytes(&self.residual);
-        let mean = le_bytes(&self.mean);
-        let wire = WireState {
-            version: STATE_VERSION,
-            model: self.model.0,
-            round: self.round,
-            mean_count: self.mean_count,
-            residual: &residual,
-            mean: &mean,
-        };
-        let mut out = Vec::with_capacity(residual.len() + mean.len() + FIXED_MAX);
-        // Serialising plain fields into a Vec fails only on allocation failure, which aborts.
-        out = postcard::to_extend(&wire, out).unwrap_or_default();
-        let sum = blake3::hash(&out);
-        out.extend_from_slice(sum.as_bytes());
-        out
+        EncodedState::new(
+            self.model,
+            self.round,
+            self.mean_count,
+            &self.residual,
+            &self.mean,
+        )
+        .to_vec()
     }
 
     /// Decode bytes written by [`DistillerState::to_bytes`] for a model with this `spec`.
@@ -166,6 +240,19 @@ impl DistillerState {
 }
 
 impl Distiller {
+    /// The state encoded as [`DistillerState::to_bytes`] does, borrowing the residual and the
+    /// mean instead of copying them (what a node persists every round).
+    pub fn encoded_state(&self) -> EncodedState<'_> {
+        let mean: &[f32] = if self.mean_count > 0 { &self.mean } else { &[] };
+        EncodedState::new(
+            self.spec.id(),
+            self.round,
+            self.mean_count,
+            &self.residual,
+            mean,
+        )
+    }
+
     /// A snapshot of the state to persist.
     pub fn state(&self) -> DistillerState {
         DistillerState {
@@ -232,5 +319,32 @@ impl Distiller {
         self.mean = state.mean;
         self.mean_count = state.mean_count;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_borrowed_parts_are_the_postcard_encoding_byte_for_byte() {
+        let residual: Vec<f32> = (0..1000).map(|i| i as f32 * 0.25 - 3.0).collect();
+        for mean in [Vec::new(), vec![1.5f32; 1000]] {
+            let model = ModelId([7; 32]);
+            let (residual_le, mean_le) = (le_bytes(&residual), le_bytes(&mean));
+            let wire = WireState {
+                version: STATE_VERSION,
+                model: model.0,
+                round: 300,
+                mean_count: 129,
+                residual: &residual_le,
+                mean: &mean_le,
+            };
+            let mut expected = postcard::to_allocvec(&wire).unwrap();
+            let sum = blake3::hash(&expected);
+            expected.extend_from_slice(sum.as_bytes());
+            let encoded = EncodedState::new(model, 300, 129, &residual, &mean);
+            assert_eq!(encoded.to_vec(), expected);
+        }
     }
 }

@@ -200,6 +200,29 @@ pub struct RoundRecord {
     /// The same bytes by protocol (`kademlia`, `rpc`, `identify`, `ping`, `autonat`, `other`).
     #[serde(default)]
     pub wire_sent_by_protocol: BTreeMap<String, u64>,
+    /// Where the round's time went.
+    #[serde(default)]
+    pub timings: RoundTimings,
+}
+
+/// Where one round's time went, seconds (what `kindred bench-model` reports).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct RoundTimings {
+    /// Training (built-in trainer), distilling, embedding, sealing and storing the node's
+    /// packet: wall time.
+    pub packet_seconds: f64,
+    /// The distiller's step within it (compression with error feedback): wall time.
+    pub distill_seconds: f64,
+    /// CPU time of the node process over the distiller's step, all threads (`None` where the
+    /// platform does not say): elements ÷ this is the distiller's rate per core.
+    pub distill_cpu_seconds: Option<f64>,
+    /// The exchange: lookups, pushes, merges and applying the result.
+    pub exchange_seconds: f64,
+    /// Sealing the model snapshot, publishing the merge to the trainer, persisting the
+    /// exchange and the checkpoint.
+    pub checkpoint_seconds: f64,
+    /// From the round's start (its update in hand) to its end.
+    pub round_seconds: f64,
 }
 
 /// What a round's snapshot pull did.
@@ -269,7 +292,7 @@ pub struct Shared {
     /// Status, updated by the round loop.
     pub status: RwLock<Status>,
     /// The newest merged update as safetensors, with its round.
-    pub merged: RwLock<Option<(u64, Vec<u8>)>>,
+    pub merged: RwLock<Option<(u64, axum::body::Bytes)>>,
     /// Metrics.
     pub metrics: NodeMetrics,
     /// The model spec.

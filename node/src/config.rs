@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use kindred_proto::ModelSpec;
 use serde::{Deserialize, Serialize};
 
 use crate::api::ApiLimits;
@@ -61,14 +62,19 @@ pub enum ModelKind {
     Mlp,
     /// Small CNN.
     Cnn,
+    /// A transformer-shaped spec of `trainer.params` parameters
+    /// ([`crate::trainer::synthetic_spec`]), external trainer only: what `kindred bench-model`
+    /// measures the pipeline with at real model sizes.
+    Synthetic,
 }
 
 impl ModelKind {
-    /// The architecture.
-    pub fn arch(self) -> Arch {
+    /// The built-in architecture the node can train (`None` for [`ModelKind::Synthetic`]).
+    pub fn arch(self) -> Option<Arch> {
         match self {
-            Self::Mlp => Arch::MLP,
-            Self::Cnn => Arch::Cnn,
+            Self::Mlp => Some(Arch::MLP),
+            Self::Cnn => Some(Arch::Cnn),
+            Self::Synthetic => None,
         }
     }
 }
@@ -132,6 +138,21 @@ pub struct TrainerConfig {
     /// Seed of the data split and model initialisation (the same across a swarm, so every node
     /// starts from the same weights).
     pub seed: u64,
+    /// Parameters of a [`ModelKind::Synthetic`] model (unused by the others).
+    pub params: u64,
+}
+
+impl TrainerConfig {
+    /// The model spec every update must match.
+    ///
+    /// # Errors
+    /// [`crate::trainer::ModelError::Arch`] for a synthetic size out of range.
+    pub fn spec(&self) -> Result<ModelSpec, crate::trainer::ModelError> {
+        match self.model.arch() {
+            Some(arch) => arch.spec(),
+            None => crate::trainer::synthetic_spec(self.params),
+        }
+    }
 }
 
 impl Default for TrainerConfig {
@@ -148,6 +169,7 @@ impl Default for TrainerConfig {
             batch: t.batch,
             lr: t.lr,
             seed: 1,
+            params: 0,
         }
     }
 }
@@ -307,6 +329,14 @@ impl NodeConfig {
         }
         if t.steps == 0 || t.batch == 0 || !(t.lr.is_finite() && t.lr > 0.0) {
             return bad("trainer.steps, trainer.batch and trainer.lr must be positive");
+        }
+        if t.model == ModelKind::Synthetic {
+            if t.kind != TrainerKind::External {
+                return bad("trainer.model = \"synthetic\" needs trainer.kind = \"external\"");
+            }
+            if let Err(e) = t.spec() {
+                return Err(ConfigError::Invalid(format!("trainer.params: {e}")));
+            }
         }
         Ok(())
     }

@@ -14,7 +14,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{SocketAddr, TcpListener, UdpSocket};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -153,14 +153,7 @@ pub fn run(opts: DemoOptions) -> anyhow::Result<DemoReport> {
         bail!("the demo needs at least 2 nodes, 1..=nodes clusters and at least 1 round");
     }
     let started = Instant::now();
-    let (base, _cleanup) = match &opts.dir {
-        Some(d) => (d.clone(), None),
-        None => {
-            let d = std::env::temp_dir().join(format!("kindred-demo-{}", std::process::id()));
-            (d.clone(), Some(RemoveOnDrop(d)))
-        }
-    };
-    std::fs::create_dir_all(&base).with_context(|| format!("creating {}", base.display()))?;
+    let (base, _cleanup) = work_dir(opts.dir.as_deref(), "demo")?;
     // Fail early, in this process, with the clear error if the data is missing.
     let mnist = Mnist::load()?;
 
@@ -195,20 +188,7 @@ pub fn run(opts: DemoOptions) -> anyhow::Result<DemoReport> {
             ..NodeConfig::default()
         };
         c.save(&dir)?;
-        // `init` creates the identity; its stdout is the peer id.
-        let out = Command::new(exe)
-            .args(["init", "--data-dir"])
-            .arg(&dir)
-            .env("RUST_LOG", "warn")
-            .output()
-            .context("running kindred init")?;
-        if !out.status.success() {
-            bail!(
-                "kindred init failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        let peer = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let peer = init_node(exe, &dir)?;
         if bootstrap.is_none() {
             bootstrap = Some(format!("/ip4/127.0.0.1/tcp/{}/p2p/{peer}", ports[0]));
         }
@@ -217,19 +197,7 @@ pub fn run(opts: DemoOptions) -> anyhow::Result<DemoReport> {
     }
     tracing::info!(nodes = opts.nodes, clusters = opts.clusters, dir = %base.display(), "starting nodes");
     for (dir, _) in &configs {
-        let log = std::fs::File::create(dir.join("node.log"))?;
-        let child = Command::new(exe)
-            .args(["run", "--data-dir"])
-            .arg(dir)
-            .env(
-                "RUST_LOG",
-                std::env::var("RUST_LOG").unwrap_or_else(|_| "info,libp2p=warn".into()),
-            )
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .context("starting a node")?;
-        children.push(NodeProcess(child));
+        children.push(spawn_node(exe, dir)?);
     }
 
     // Local-only baseline, computed while the swarm runs.
@@ -266,9 +234,7 @@ pub fn run(opts: DemoOptions) -> anyhow::Result<DemoReport> {
         })?;
         summaries.push(serde_json::from_str::<Status>(&text)?);
     }
-    let params = Model::new(configs[0].1.trainer.model.arch(), opts.seed)?
-        .spec()
-        .numel() as f64;
+    let params = configs[0].1.trainer.spec()?.numel() as f64;
     Ok(report(
         &opts,
         &summaries,
@@ -532,7 +498,10 @@ pub fn local_only_accuracy(
     let task = trainer.task();
     let train = Examples::new(mnist, &split.shard(trainer.shard, trainer.shards), task);
     let eval = Examples::new(mnist, &split.eval, task);
-    let mut model = Model::new(trainer.model.arch(), trainer.seed)?;
+    let Some(arch) = trainer.model.arch() else {
+        bail!("local-only training needs a built-in model, not a synthetic one");
+    };
+    let mut model = Model::new(arch, trainer.seed)?;
     let mut rng = StdRng::seed_from_u64(trainer.seed ^ (trainer.shard as u64) << 32);
     for _ in 0..rounds {
         model.train(&train, &trainer.train(), &mut rng)?;
@@ -612,8 +581,60 @@ fn non_ephemeral_ports() -> (u16, u16) {
     }
 }
 
-/// Kill a node process if the demo exits early.
-struct NodeProcess(Child);
+/// The directory node directories go in: `dir`, or a fresh temporary one (removed when the
+/// guard drops) named after `tag`.
+pub(crate) fn work_dir(
+    dir: Option<&Path>,
+    tag: &str,
+) -> anyhow::Result<(PathBuf, Option<RemoveOnDrop>)> {
+    let (base, cleanup) = match dir {
+        Some(d) => (d.to_path_buf(), None),
+        None => {
+            let d = std::env::temp_dir().join(format!("kindred-{tag}-{}", std::process::id()));
+            (d.clone(), Some(RemoveOnDrop(d)))
+        }
+    };
+    std::fs::create_dir_all(&base).with_context(|| format!("creating {}", base.display()))?;
+    Ok((base, cleanup))
+}
+
+/// `kindred init` a node directory (its config already saved there): creates the identity and
+/// returns the node's peer id.
+pub(crate) fn init_node(exe: &Path, dir: &Path) -> anyhow::Result<String> {
+    let out = Command::new(exe)
+        .args(["init", "--data-dir"])
+        .arg(dir)
+        .env("RUST_LOG", "warn")
+        .output()
+        .context("running kindred init")?;
+    if !out.status.success() {
+        bail!(
+            "kindred init failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// Start `kindred run` on an initialised node directory, logging to `node.log` there.
+pub(crate) fn spawn_node(exe: &Path, dir: &Path) -> anyhow::Result<NodeProcess> {
+    let log = std::fs::File::create(dir.join("node.log"))?;
+    let child = Command::new(exe)
+        .args(["run", "--data-dir"])
+        .arg(dir)
+        .env(
+            "RUST_LOG",
+            std::env::var("RUST_LOG").unwrap_or_else(|_| "info,libp2p=warn".into()),
+        )
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .context("starting a node")?;
+    Ok(NodeProcess(child))
+}
+
+/// A node process, killed if the harness exits early.
+pub(crate) struct NodeProcess(pub(crate) Child);
 
 impl Drop for NodeProcess {
     fn drop(&mut self) {
@@ -624,7 +645,8 @@ impl Drop for NodeProcess {
     }
 }
 
-struct RemoveOnDrop(PathBuf);
+/// A directory removed when dropped.
+pub(crate) struct RemoveOnDrop(pub(crate) PathBuf);
 
 impl Drop for RemoveOnDrop {
     fn drop(&mut self) {

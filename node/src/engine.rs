@@ -104,14 +104,18 @@ pub struct Outgoing {
     pub packet: SealedPacket,
     /// SimHash margins for multi-probe lookups.
     pub margins: Vec<f32>,
-    /// The update as peers will decode it.
-    pub sent: Vec<f32>,
+    /// The update as peers will decode it (shared with the exchange, which merges it).
+    pub sent: Arc<Vec<f32>>,
     /// This round's full local update (our own contribution to the merge).
     pub full: Vec<f32>,
     /// Training loss.
     pub loss: f32,
     /// Samples behind the update.
     pub samples: u64,
+    /// The distiller's own step (compression and error feedback, not training, embedding or
+    /// sealing): wall seconds, and the process's CPU seconds over it (all threads; `None` where
+    /// the platform does not say).
+    pub distill_time: (f64, Option<f64>),
 }
 
 /// A verified peer packet to merge.
@@ -169,8 +173,6 @@ pub struct Engine {
     base: Vec<f32>,
     /// Last completed round, if any.
     last_round: Option<u64>,
-    /// The last merged update (what an external trainer fetches).
-    last_merged: Option<(u64, Vec<f32>)>,
     /// What was restored from the store at start-up.
     restored: Option<Restored>,
 }
@@ -196,17 +198,28 @@ impl Engine {
         let keypair = store.identity_or_create()?;
         let peer_id = PublicKey::from(keypair.public()).to_peer_id();
         let t = &config.trainer;
-        let arch = t.model.arch();
-        let mut model = Model::new(arch, t.seed)?;
-        let spec = Arc::new(model.spec().clone());
+        // Only the built-in trainer needs a model here; an external one needs its spec.
+        let mut model = match (t.kind, t.model.arch()) {
+            (TrainerKind::Builtin, Some(arch)) => Some(Model::new(arch, t.seed)?),
+            (TrainerKind::Builtin, None) => {
+                return Err(EngineError::Model(crate::trainer::ModelError::Arch(
+                    "a synthetic model needs an external trainer".into(),
+                )));
+            }
+            (TrainerKind::External, _) => None,
+        };
+        let spec = Arc::new(match &model {
+            Some(m) => m.spec().clone(),
+            None => t.spec()?,
+        });
         let policy = Self::policy_for(config.exchange);
         let mut distiller =
             Distiller::new((*spec).clone(), policy.clone(), Self::embedding_config())
                 .map_err(|e| EngineError::Distill(e.to_string()))?
                 .with_backend(kindred_kernels::Backend::detect());
-        let origin = match t.kind {
-            TrainerKind::Builtin => model.params()?,
-            TrainerKind::External => vec![0.0; spec.numel() as usize],
+        let origin = match &model {
+            Some(m) => m.params()?,
+            None => vec![0.0; spec.numel() as usize],
         };
         let mut base = origin.clone();
 
@@ -221,9 +234,9 @@ impl Engine {
             distiller
                 .restore(distiller_state)
                 .map_err(|e| EngineError::Checkpoint(e.to_string()))?;
-            match t.kind {
-                TrainerKind::Builtin => model.set_params(&params)?,
-                TrainerKind::External => base = params,
+            match &mut model {
+                Some(m) => m.set_params(&params)?,
+                None => base = params,
             }
             last_round = Some(state.round);
             let residual_norm = distiller
@@ -240,8 +253,8 @@ impl Engine {
             tracing::info!(round = state.round, residual_norm, %peer_id, "restored checkpoint");
         }
 
-        let source = match t.kind {
-            TrainerKind::Builtin => {
+        let source = match model {
+            Some(model) => {
                 let mnist = Mnist::load()?;
                 let split = Split::new(mnist.len(), EVAL_FRACTION, t.seed);
                 let task = t.task();
@@ -258,7 +271,7 @@ impl Engine {
                     ),
                 }))
             }
-            TrainerKind::External => Source::External { pending: None },
+            None => Source::External { pending: None },
         };
         if let Source::Builtin(b) = &source {
             base = b.model.params()?;
@@ -275,7 +288,6 @@ impl Engine {
             origin,
             base,
             last_round,
-            last_merged: None,
             restored,
         })
     }
@@ -308,11 +320,6 @@ impl Engine {
     /// What was restored from the store at start-up (`None` for a fresh node).
     pub fn restored(&self) -> Option<Restored> {
         self.restored
-    }
-
-    /// The last merged update and its round (for an external trainer).
-    pub fn last_merged(&self) -> Option<&(u64, Vec<f32>)> {
-        self.last_merged.as_ref()
     }
 
     /// Whether updates come from an external trainer.
@@ -363,10 +370,13 @@ impl Engine {
                 (p.update, p.loss, p.samples)
             }
         };
+        let (t0, cpu0) = (std::time::Instant::now(), crate::metrics::CpuTimes::now());
         let distilled = self
             .distiller
             .distill(&update)
             .map_err(|e| EngineError::Distill(e.to_string()))?;
+        let distill_cpu = cpu0.and_then(|c0| Some(crate::metrics::CpuTimes::now()?.since(&c0)));
+        let distill_time = (t0.elapsed().as_secs_f64(), distill_cpu);
         let sent =
             decode(&distilled.body, &self.spec).map_err(|e| EngineError::Distill(e.to_string()))?;
         // Key on where this node's model is heading: its cumulative update including this round.
@@ -396,10 +406,11 @@ impl Engine {
         Ok(Outgoing {
             packet,
             margins: embedded.margins.to_vec(),
-            sent,
+            sent: Arc::new(sent),
             full: update,
             loss,
             samples,
+            distill_time,
         })
     }
 
@@ -616,6 +627,19 @@ impl Engine {
         adopt: Option<&[f32]>,
         update: Option<&[f32]>,
     ) -> Result<Vec<f32>, EngineError> {
+        if adopt.is_none() && matches!(self.source, Source::External { .. }) {
+            // In place, the same arithmetic as below without a second model-sized vector:
+            // what a large external model's round peaks on.
+            let mut delta = vec![0.0f32; self.base.len()];
+            if let Some(update) = update {
+                for ((b, d), u) in self.base.iter_mut().zip(&mut delta).zip(update) {
+                    let n = *b + u;
+                    *d = n - *b;
+                    *b = n;
+                }
+            }
+            return Ok(delta);
+        }
         let mut next = match adopt {
             Some(cumulative) => self
                 .origin
@@ -654,25 +678,26 @@ impl Engine {
         }
     }
 
-    /// Commit round `round`: parameters (or, for an external trainer, the merged update) and
-    /// distiller state as blobs, then one atomic round record; old packets and blobs are swept.
+    /// Commit round `round`: parameters (or, for an external trainer, the sum of the merged
+    /// updates applied) and distiller state as blobs, written from memory without copies, then one atomic round record; old packets and blobs are swept.
     ///
     /// # Errors
     /// [`EngineError::Store`] when writing fails; the previous round stays committed then.
-    pub fn checkpoint(&mut self, round: u64, merged: Vec<f32>) -> Result<(), EngineError> {
+    pub fn checkpoint(&mut self, round: u64) -> Result<(), EngineError> {
         // `base` is already the state after this round's merge: model parameters (built-in) or
         // the cumulative merged update (external).
-        let checkpoint = self
+        let id = self.spec.id();
+        let params = crate::store::le_view(&self.base);
+        let checkpoint = self.store.put_blob_parts(&[PARAMS_MAGIC, &id.0, &params])?;
+        let residuals = self
             .store
-            .put_blob(&params_to_bytes(&self.base, &self.spec))?;
-        let residuals = self.store.put_blob(&self.distiller.state().to_bytes())?;
+            .put_blob_parts(&self.distiller.encoded_state().parts())?;
         self.store.commit_round(RoundState {
             round,
             checkpoint,
             residuals,
         })?;
         self.last_round = Some(round);
-        self.last_merged = Some((round, merged));
         // Keep our packets of this and the previous round (peers may still fetch them).
         let keep_from = round.saturating_sub(1);
         self.store.sweep(|header| {
@@ -690,17 +715,8 @@ fn seed_of(peer: &PeerId) -> u64 {
 
 const PARAMS_MAGIC: &[u8; 8] = b"KDPARAM1";
 
-/// Checkpoint encoding: magic, model id, little-endian f32 values.
-fn params_to_bytes(params: &[f32], spec: &ModelSpec) -> Vec<u8> {
-    let mut out = Vec::with_capacity(40 + params.len() * 4);
-    out.extend_from_slice(PARAMS_MAGIC);
-    out.extend_from_slice(&spec.id().0);
-    for p in params {
-        out.extend_from_slice(&p.to_le_bytes());
-    }
-    out
-}
-
+/// Decode a checkpoint: magic, model id, little-endian f32 values (as [`Engine::checkpoint`]
+/// writes them).
 fn params_from_bytes(bytes: &[u8], spec: &ModelSpec) -> Result<Vec<f32>, EngineError> {
     let bad = |m: &str| EngineError::Checkpoint(m.to_string());
     let rest = bytes

@@ -7,8 +7,9 @@
 //! - **Messages**: a push and its answer, a merge fetch and the merge, ride the routing task's
 //!   exchange RPCs ([`kindred_routing::exchange_rpc`]); a hub's model is its snapshot
 //!   (`GetSnapshot`). A member fetches its merge with a long poll as soon as its hub accepts its
-//!   push: the hub parks the request ([`PARK_MS`] at most) and answers it when the merge is
-//!   ready, so a merge costs no extra round trip and no request ever outlives its timeout.
+//!   push: the hub parks the request ([`PARK_MS`] at most, then the member asks again) and
+//!   answers it when the merge is ready, so a merge costs no extra round trip and no request
+//!   ever outlives its timeout.
 //! - **Searches** are routing lookups that fetch no body (`top_m` 0): the candidates' headers,
 //!   ranked by sketch cosine. A header does not name its sender's hub, so each candidate
 //!   stands for itself; a member pushed to answers with its hub ([`HubAnswer::NotHub`]) and the
@@ -58,9 +59,11 @@ use crate::store::Store;
 /// The core's deadline, as a share of the round: the rest is for applying, evaluating and
 /// checkpointing before the next round.
 pub const DEADLINE_SHARE: f64 = 0.9;
-/// Longest a hub holds a member's merge fetch before answering "not ready" (below the
-/// transport's 10 s request timeout).
-pub const PARK_MS: u64 = 8_000;
+/// Longest a hub holds a member's merge fetch before answering "not ready", after which the
+/// member asks again at once while the round lasts. Well below the transport's 10 s request
+/// timeout: a merge of a 10^8-parameter model (10 MB) made just before the limit still has
+/// 6 s to arrive (at 8 s it timed out, `kindred bench-model --params 100000000`).
+pub const PARK_MS: u64 = 4_000;
 /// Inbound exchange requests waiting for the node, at most (past that, pushes are answered
 /// busy by the routing task).
 pub const INBOX: usize = 512;
@@ -101,7 +104,7 @@ enum Blob {
     Own {
         header: Vec<u8>,
         body: Vec<u8>,
-        sent: Vec<f32>,
+        sent: Arc<Vec<f32>>,
         samples: u64,
         loss: f32,
         embedding: Embedding,
@@ -152,6 +155,8 @@ enum Event {
     Merge {
         from: PeerId,
         round: u64,
+        /// When the fetch was sent (wall clock, ms).
+        asked_ms: u64,
         reply: Result<ExchangeReply, ExchangeError>,
     },
 }
@@ -358,7 +363,7 @@ impl HubDriver {
                     round,
                     "the exchange did not finish its round by the deadline"
                 );
-                engine.apply(None, Some(&out.sent))?
+                engine.apply(None, Some(out.sent.as_slice()))?
             }
         };
         self.stats.cohort = self.core.cohort().len();
@@ -385,7 +390,7 @@ impl HubDriver {
         };
         let bytes = postcard::to_allocvec(&record).map_err(|e| HubError::State(e.to_string()))?;
         let blob = if self.distiller.round() > 0 {
-            Some(store.put_blob(&self.distiller.state().to_bytes())?)
+            Some(store.put_blob_parts(&self.distiller.encoded_state().parts())?)
         } else {
             None
         };
@@ -622,7 +627,15 @@ impl HubDriver {
                 own,
                 members,
             } => {
+                let began = std::time::Instant::now();
                 let merge = self.hub_merge(engine, round, own, &members)?;
+                tracing::debug!(
+                    round,
+                    members = members.len(),
+                    made = merge.is_some(),
+                    ms = began.elapsed().as_millis() as u64,
+                    "hub merge computed"
+                );
                 let merge = merge.map(|m| self.put(m));
                 self.core
                     .handle(Millis(now_ms()), Input::MergeComputed { ticket, merge });
@@ -807,11 +820,13 @@ impl HubDriver {
             round,
             spec: self.spec.clone(),
         };
+        let asked_ms = now_ms();
         self.ops.push(Box::pin(async move {
             let reply = routing.exchange_call(hub, call).await;
             Event::Merge {
                 from: hub,
                 round,
+                asked_ms,
                 reply,
             }
         }));
@@ -877,7 +892,12 @@ impl HubDriver {
                     self.poll_merge(from, round);
                 }
             }
-            Event::Merge { from, round, reply } => {
+            Event::Merge {
+                from,
+                round,
+                asked_ms,
+                reply,
+            } => {
                 self.polling.remove(&(from, round));
                 let (merge, bytes, listed) = match reply {
                     Ok(ExchangeReply::Merge {
@@ -897,7 +917,17 @@ impl HubDriver {
                         );
                         return;
                     }
-                    Ok(ExchangeReply::NotReady) => return,
+                    Ok(ExchangeReply::NotReady) => {
+                        // A long poll the hub held to its limit: its merge is still being made
+                        // (large models take seconds), so ask again while the round lasts.
+                        // A quick "not ready" is left to the core's own ask.
+                        let held = now.0.saturating_sub(asked_ms) >= PARK_MS / 2;
+                        let current = self.current.is_some_and(|(r, _)| r == round);
+                        if held && current {
+                            self.poll_merge(from, round);
+                        }
+                        return;
+                    }
                     Err(e) => {
                         tracing::debug!(%from, round, error = %e, "merge not fetched");
                         return;
@@ -1051,7 +1081,8 @@ impl HubDriver {
             decode(&distilled.body, &self.spec).map_err(|e| EngineError::Distill(e.to_string()))?;
         Ok(Some(Blob::Merge {
             update,
-            raw: Some(raw),
+            // Only the hub's own data check reads it (none with an external trainer).
+            raw: (!engine.is_external()).then_some(raw),
             sealed: Some((sealed.header_bytes, sealed.body_bytes)),
             contributors,
         }))
@@ -1098,11 +1129,19 @@ impl HubDriver {
         else {
             return Ok(MergeVerdict::Aggregate);
         };
-        let base = engine.base().to_vec();
-        let moved = |u: &[f32]| -> Vec<f32> { base.iter().zip(u).map(|(b, u)| b + u).collect() };
+        // Checks by data need the node's data: an external trainer's node has none, and skips
+        // them without building the models they would score (three model-sized vectors).
+        let has_data = !engine.is_external();
+        let moved = |engine: &Engine, u: &[f32]| -> Vec<f32> {
+            engine.base().iter().zip(u).map(|(b, u)| b + u).collect()
+        };
         if *hub == self.own {
+            if !has_data {
+                return Ok(MergeVerdict::Pass);
+            }
             let raw = raw.as_deref().unwrap_or(update);
-            return Ok(match data_refuses(engine, &moved(sent), &moved(raw))? {
+            let (own, offered) = (moved(engine, sent), moved(engine, raw));
+            return Ok(match data_refuses(engine, &own, &offered)? {
                 Some(share) => {
                     tracing::debug!(share, "the hub's data refuses its merge");
                     MergeVerdict::Data
@@ -1114,9 +1153,12 @@ impl HubDriver {
             tracing::info!(%hub, error = %e, "merge refused");
             return Ok(MergeVerdict::Aggregate);
         }
-        if by_data && let Some(share) = data_refuses(engine, &moved(sent), &moved(update))? {
-            tracing::info!(%hub, share, "merge refused by the node's data");
-            return Ok(MergeVerdict::Data);
+        if by_data && has_data {
+            let (own, offered) = (moved(engine, sent), moved(engine, update));
+            if let Some(share) = data_refuses(engine, &own, &offered)? {
+                tracing::info!(%hub, share, "merge refused by the node's data");
+                return Ok(MergeVerdict::Data);
+            }
         }
         Ok(MergeVerdict::Pass)
     }

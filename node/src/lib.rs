@@ -14,6 +14,7 @@
 //! - [`store`]: crash-safe state — sled records plus atomically written, content-addressed blobs.
 
 pub mod api;
+pub mod bench_model;
 pub mod config;
 pub mod demo;
 pub mod engine;

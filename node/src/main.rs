@@ -16,6 +16,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
+use kindred_node::bench_model::{self, BenchModelOptions};
 use kindred_node::config::{ExchangeKind, LogFormat, ModelKind, NodeConfig, TrainerKind};
 use kindred_node::demo::{self, DemoOptions};
 use kindred_node::store::Store;
@@ -41,6 +42,8 @@ enum Command {
     SwarmKey(SwarmKeyArgs),
     /// Start a local swarm of real node processes on loopback and print a results table.
     Demo(DemoArgs),
+    /// Time and memory of one round at a real model size, between node processes on loopback.
+    BenchModel(BenchModelArgs),
 }
 
 #[derive(Debug, Args)]
@@ -95,9 +98,12 @@ struct Overrides {
     /// Where updates come from.
     #[arg(long, env = "KINDRED_TRAINER")]
     trainer: Option<TrainerKind>,
-    /// Built-in model.
+    /// Model: a built-in one, or `synthetic` (external trainer, `--params` parameters).
     #[arg(long, env = "KINDRED_MODEL")]
     model: Option<ModelKind>,
+    /// Parameters of a synthetic model.
+    #[arg(long, env = "KINDRED_PARAMS")]
+    params: Option<u64>,
     /// Label shift of this node's task (concept-shift cluster).
     #[arg(long, env = "KINDRED_LABEL_SHIFT")]
     label_shift: Option<u8>,
@@ -148,6 +154,7 @@ impl Overrides {
         let t = &mut c.trainer;
         set(&mut t.kind, self.trainer);
         set(&mut t.model, self.model);
+        set(&mut t.params, self.params);
         set(&mut t.label_shift, self.label_shift);
         set(&mut t.rotation, self.rotation);
         set(&mut t.shard, self.shard);
@@ -228,6 +235,34 @@ struct DemoArgs {
     json: bool,
 }
 
+#[derive(Debug, Args)]
+struct BenchModelArgs {
+    /// Parameters of the synthetic (transformer-shaped) model.
+    #[arg(long)]
+    params: u64,
+    /// Node processes (default 4, or 2 from 5 × 10^8 parameters).
+    #[arg(long)]
+    nodes: Option<usize>,
+    /// Rounds measured.
+    #[arg(long, default_value_t = 3)]
+    rounds: u64,
+    /// Rounds before measuring, while the nodes form their cohort.
+    #[arg(long, default_value_t = 3)]
+    warmup: u64,
+    /// Round length in seconds (default: 5 plus 2.5 per 10^7 parameters).
+    #[arg(long)]
+    round_secs: Option<f64>,
+    /// Seed of the synthetic updates.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Keep the nodes' data directories here (default: a fresh temporary directory, removed).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// End with one JSON line of the results.
+    #[arg(long)]
+    json: bool,
+}
+
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,libp2p=warn"));
@@ -263,6 +298,25 @@ fn main() -> anyhow::Result<()> {
                 binary: std::env::current_exe()?,
             })?;
             demo::print(&report, args.json);
+            Ok(())
+        }
+        Command::BenchModel(args) => {
+            init_logging(LogFormat::Text);
+            let report = bench_model::run(&BenchModelOptions {
+                params: args.params,
+                nodes: args
+                    .nodes
+                    .unwrap_or_else(|| BenchModelOptions::default_nodes(args.params)),
+                rounds: args.rounds,
+                warmup: args.warmup,
+                round_secs: args
+                    .round_secs
+                    .unwrap_or_else(|| BenchModelOptions::default_round_secs(args.params)),
+                seed: args.seed,
+                dir: args.dir,
+                binary: std::env::current_exe()?,
+            })?;
+            bench_model::print(&report, args.json);
             Ok(())
         }
     }

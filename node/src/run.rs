@@ -36,7 +36,7 @@ use libp2p::pnet::PreSharedKey;
 use libp2p::{Multiaddr, PeerId};
 use tokio::sync::{mpsc, watch};
 
-use crate::api::{self, MAX_HISTORY, RoundRecord, Shared, SnapshotRecord, Status};
+use crate::api::{self, MAX_HISTORY, RoundRecord, RoundTimings, Shared, SnapshotRecord, Status};
 use crate::config::{ExchangeKind, NodeConfig};
 use crate::engine::{Engine, EngineError, ExternalUpdate, MergeReport, PeerPacket};
 use crate::exchange::{HubDriver, HubRoundStats};
@@ -363,6 +363,24 @@ struct RoundContext<'a> {
     snapshots: &'a SnapshotSlot,
 }
 
+/// Where a round's time went: the update in hand at `in_hand`, its packet made
+/// `packet_seconds` later, the exchange over at `exchanged`, the round over now.
+fn round_timings(
+    out: &crate::engine::Outgoing,
+    in_hand: std::time::Instant,
+    packet_seconds: f64,
+    exchanged: std::time::Instant,
+) -> RoundTimings {
+    RoundTimings {
+        packet_seconds,
+        distill_seconds: out.distill_time.0,
+        distill_cpu_seconds: out.distill_time.1,
+        exchange_seconds: (exchanged - in_hand).as_secs_f64() - packet_seconds,
+        checkpoint_seconds: exchanged.elapsed().as_secs_f64(),
+        round_seconds: in_hand.elapsed().as_secs_f64(),
+    }
+}
+
 /// One round; see the module docs for the schedule.
 async fn run_round(
     engine: &mut Engine,
@@ -383,7 +401,9 @@ async fn run_round(
             _ => return Err(EngineError::NoUpdate.into()),
         }
     }
+    let in_hand = std::time::Instant::now();
     let out = tokio::task::block_in_place(|| engine.make_packet(round, now_ms()))?;
+    let packet_seconds = in_hand.elapsed().as_secs_f64();
     let packet_bytes = (out.packet.header_bytes.len() + out.packet.body_bytes.len()) as u64;
     if let Err(e) = routing.announce(out.packet.header.clone()).await {
         tracing::warn!(round, error = %e, "announce failed");
@@ -446,13 +466,15 @@ async fn run_round(
 
     let mut report = tokio::task::block_in_place(|| engine.merge(&out, &peers))?;
     let snapshot = exchange_snapshots(engine, ctx, &mut report, round, start + t_ms).await;
+    let exchanged = std::time::Instant::now();
     let accuracy = tokio::task::block_in_place(|| engine.accuracy())?;
     let merged_st = crate::api::update_to_safetensors(&report.merged, engine.spec()).ok();
     // Replay marks first: the round commit below flushes them with it.
     if let Some(marks) = routing.replay_marks().await {
         engine.store().put_replay_marks(&marks)?;
     }
-    tokio::task::block_in_place(|| engine.checkpoint(round, report.merged.clone()))?;
+    tokio::task::block_in_place(|| engine.checkpoint(round))?;
+    let timings = round_timings(&out, in_hand, packet_seconds, exchanged);
 
     let m = &shared.metrics;
     record_round(
@@ -501,6 +523,7 @@ async fn run_round(
             .as_ref()
             .map(|m| by_protocol(&m.wire).1)
             .unwrap_or_default(),
+        timings,
     };
     tracing::info!(
         round,
@@ -554,9 +577,12 @@ async fn run_hub_round(
             _ => return Err(EngineError::NoUpdate.into()),
         }
     }
+    let in_hand = std::time::Instant::now();
     let out = tokio::task::block_in_place(|| engine.make_packet(round, now_ms()))?;
+    let packet_seconds = in_hand.elapsed().as_secs_f64();
     let packet_bytes = (out.packet.header_bytes.len() + out.packet.body_bytes.len()) as u64;
     let (stats, applied) = hub.round(engine, &out, round, start, t_ms).await?;
+    let exchanged = std::time::Instant::now();
     seal_snapshot(engine, round, ctx.snapshots);
     let accuracy = tokio::task::block_in_place(|| engine.accuracy())?;
     let merged_st = crate::api::update_to_safetensors(&applied, engine.spec()).ok();
@@ -564,7 +590,9 @@ async fn run_hub_round(
     if let Some(marks) = routing.replay_marks().await {
         engine.store().put_replay_marks(&marks)?;
     }
-    tokio::task::block_in_place(|| engine.checkpoint(round, applied))?;
+    drop(applied);
+    tokio::task::block_in_place(|| engine.checkpoint(round))?;
+    let timings = round_timings(&out, in_hand, packet_seconds, exchanged);
 
     let m = &shared.metrics;
     record_round(
@@ -613,6 +641,7 @@ async fn run_hub_round(
             .as_ref()
             .map(|m| by_protocol(&m.wire).1)
             .unwrap_or_default(),
+        timings,
     };
     update_status(
         shared,
@@ -648,7 +677,7 @@ async fn publish_round(
         *shared
             .merged
             .write()
-            .unwrap_or_else(PoisonError::into_inner) = Some((round, bytes));
+            .unwrap_or_else(PoisonError::into_inner) = Some((round, bytes.into()));
     }
     (info, routing_metrics)
 }

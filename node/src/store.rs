@@ -33,6 +33,16 @@ const KEY_IDENTITY: &[u8] = b"identity";
 const KEY_ROUND: &[u8] = b"round";
 const KEY_REPLAY: &[u8] = b"replay_marks";
 const KEY_EXCHANGE: &[u8] = b"exchange";
+/// A vector as the little-endian bytes blobs store: the vector's own memory on
+/// little-endian targets, a copy elsewhere.
+pub(crate) fn le_view(v: &[f32]) -> std::borrow::Cow<'_, [u8]> {
+    if cfg!(target_endian = "little") {
+        std::borrow::Cow::Borrowed(bytemuck::cast_slice(v))
+    } else {
+        std::borrow::Cow::Owned(v.iter().flat_map(|x| x.to_le_bytes()).collect())
+    }
+}
+
 /// The hub exchange's persisted record and the blob it names ([`Store::exchange`]).
 pub type ExchangeRecord = (Vec<u8>, Option<BlobId>);
 const KEY_EXCHANGE_BLOB: &[u8] = b"exchange_blob";
@@ -217,7 +227,20 @@ impl Store {
     /// # Errors
     /// [`StoreError::Io`] when the file cannot be written, synced or renamed.
     pub fn put_blob(&self, bytes: &[u8]) -> Result<BlobId, StoreError> {
-        let id = BlobId::of(bytes);
+        self.put_blob_parts(&[bytes])
+    }
+
+    /// [`Store::put_blob`] of `parts` concatenated, written one after another (a large blob is
+    /// never assembled in memory).
+    ///
+    /// # Errors
+    /// [`StoreError::Io`] when the file cannot be written, synced or renamed.
+    pub fn put_blob_parts(&self, parts: &[&[u8]]) -> Result<BlobId, StoreError> {
+        let mut hasher = blake3::Hasher::new();
+        for part in parts {
+            hasher.update(part);
+        }
+        let id = BlobId(*hasher.finalize().as_bytes());
         let dir = self.root.join("blobs");
         let path = dir.join(id.file_name());
         if path.is_file() {
@@ -231,7 +254,9 @@ impl Store {
             dir.join("tmp")
                 .join(format!("{}.{:016x}", id.file_name(), rand::random::<u64>()));
         let mut file = File::create(&tmp).map_err(io(&tmp))?;
-        file.write_all(bytes).map_err(io(&tmp))?;
+        for part in parts {
+            file.write_all(part).map_err(io(&tmp))?;
+        }
         file.sync_all().map_err(io(&tmp))?;
         drop(file);
         fs::rename(&tmp, &path).map_err(io(&path))?;

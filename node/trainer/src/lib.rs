@@ -7,10 +7,12 @@
 
 mod mnist;
 mod model;
+mod synthetic;
 mod task;
 
 pub use mnist::{CANONICAL_URL, CLASSES, DataError, Mnist, PIXELS, TEST_IMAGES, TEST_LABELS};
 pub use model::{Arch, Model, ModelError, TrainConfig, TrainStats};
+pub use synthetic::{MAX_SYNTHETIC_PARAMS, MIN_SYNTHETIC_PARAMS, synthetic_spec};
 pub use task::{Examples, Rotation, Split, Task};
 
 /// The README's examples, compiled and run as doctests.
