@@ -523,17 +523,34 @@ pub fn synthesize(
                     *weight = (w / total) as f32;
                 }
             }
-            let mut acc: Vec<f64> = own.iter().map(|&x| f64::from(x) * own_w).collect();
-            for (&(i, scale, _), &w) in accepted.iter().zip(&weights) {
-                let f = w * scale;
-                for (a, &x) in acc
-                    .iter_mut()
-                    .zip(peers.get(i).map_or(&[][..], |p| p.update))
-                {
-                    *a += f * f64::from(x);
+            let factors: Vec<(&[f32], f64)> = accepted
+                .iter()
+                .zip(&weights)
+                .map(|(&(i, scale, _), &w)| (peers.get(i).map_or(&[][..], |p| p.update), w * scale))
+                .collect();
+            // Each element summed in f64 (own first, then the peers in order), a block at a
+            // time: a model-sized f64 accumulator would be twice the merge's memory.
+            const BLOCK: usize = 1 << 14;
+            let mut merged = vec![0f32; own.len()];
+            let mut acc = vec![0f64; BLOCK.min(own.len())];
+            for (start, out) in (0..).step_by(BLOCK).zip(merged.chunks_mut(BLOCK)) {
+                let acc = &mut acc[..out.len()];
+                fn tail(u: &[f32], start: usize) -> &[f32] {
+                    u.get(start..).unwrap_or_default()
+                }
+                for (a, &x) in acc.iter_mut().zip(tail(own, start)) {
+                    *a = f64::from(x) * own_w;
+                }
+                for &(update, f) in &factors {
+                    for (a, &x) in acc.iter_mut().zip(tail(update, start)) {
+                        *a += f * f64::from(x);
+                    }
+                }
+                for (o, &a) in out.iter_mut().zip(acc.iter()) {
+                    *o = (a / total) as f32;
                 }
             }
-            acc.iter().map(|&a| (a / total) as f32).collect()
+            merged
         }
         MergeRule::TrimmedMean { trim } => {
             let rows: Vec<(&[f32], f32)> =

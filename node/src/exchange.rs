@@ -367,6 +367,11 @@ impl HubDriver {
             }
         };
         self.stats.cohort = self.core.cohort().len();
+        // The round's vectors (own and pushed updates, merges, models) are not read after its
+        // end: the core asks nothing more of a finished round, and late merge fetches are
+        // served from `served`. Dropped now rather than at the next round's start, they do not
+        // sit beside the next upload and packet (a few model-sized vectors).
+        self.blobs.clear();
         Ok((std::mem::take(&mut self.stats), delta))
     }
 

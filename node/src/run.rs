@@ -578,7 +578,9 @@ async fn run_hub_round(
         }
     }
     let in_hand = std::time::Instant::now();
-    let out = tokio::task::block_in_place(|| engine.make_packet(round, now_ms()))?;
+    let mut out = tokio::task::block_in_place(|| engine.make_packet(round, now_ms()))?;
+    // The hub exchange merges what peers decode (`sent`); the full update is not needed again.
+    out.full = Vec::new();
     let packet_seconds = in_hand.elapsed().as_secs_f64();
     let packet_bytes = (out.packet.header_bytes.len() + out.packet.body_bytes.len()) as u64;
     let (stats, applied) = hub.round(engine, &out, round, start, t_ms).await?;
