@@ -533,11 +533,11 @@ pub fn synthesize(
             const BLOCK: usize = 1 << 14;
             let mut merged = vec![0f32; own.len()];
             let mut acc = vec![0f64; BLOCK.min(own.len())];
+            fn tail(u: &[f32], start: usize) -> &[f32] {
+                u.get(start..).unwrap_or_default()
+            }
             for (start, out) in (0..).step_by(BLOCK).zip(merged.chunks_mut(BLOCK)) {
                 let acc = &mut acc[..out.len()];
-                fn tail(u: &[f32], start: usize) -> &[f32] {
-                    u.get(start..).unwrap_or_default()
-                }
                 for (a, &x) in acc.iter_mut().zip(tail(own, start)) {
                     *a = f64::from(x) * own_w;
                 }

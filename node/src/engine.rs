@@ -106,7 +106,8 @@ pub struct Outgoing {
     pub margins: Vec<f32>,
     /// The update as peers will decode it (shared with the exchange, which merges it).
     pub sent: Arc<Vec<f32>>,
-    /// This round's full local update (our own contribution to the merge).
+    /// This round's full local update (our own contribution to a pairwise merge; the hub
+    /// exchange merges `sent` and empties this once the packet is made).
     pub full: Vec<f32>,
     /// Training loss.
     pub loss: f32,
@@ -679,7 +680,8 @@ impl Engine {
     }
 
     /// Commit round `round`: parameters (or, for an external trainer, the sum of the merged
-    /// updates applied) and distiller state as blobs, written from memory without copies, then one atomic round record; old packets and blobs are swept.
+    /// updates applied) and distiller state as blobs, written from memory without copies, then
+    /// one atomic round record; old packets and blobs are swept.
     ///
     /// # Errors
     /// [`EngineError::Store`] when writing fails; the previous round stays committed then.

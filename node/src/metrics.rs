@@ -446,6 +446,41 @@ impl Collector for RoutingSnapshot {
     }
 }
 
+/// CPU time of each thread of this process (Linux: the scheduler's nanosecond counters in
+/// `/proc/self/task/*/schedstat`), to measure what one step cost in CPU across all threads.
+#[derive(Debug, Clone, Default)]
+pub struct CpuTimes(std::collections::HashMap<u64, u64>);
+
+impl CpuTimes {
+    /// The counters now; `None` where the platform does not expose them.
+    pub fn now() -> Option<Self> {
+        let mut times = std::collections::HashMap::new();
+        for task in std::fs::read_dir("/proc/self/task").ok()? {
+            let path = task.ok()?.path();
+            let Some(tid) = path.file_name().and_then(|n| n.to_str()?.parse().ok()) else {
+                continue;
+            };
+            // A thread may exit between listing and reading: skip it.
+            let Ok(text) = std::fs::read_to_string(path.join("schedstat")) else {
+                continue;
+            };
+            times.insert(tid, text.split_whitespace().next()?.parse().ok()?);
+        }
+        Some(Self(times))
+    }
+
+    /// CPU seconds used since `earlier` by the threads alive now (a thread started since counts
+    /// whole; one that exited since is not counted).
+    pub fn since(&self, earlier: &Self) -> f64 {
+        let ns: u64 = self
+            .0
+            .iter()
+            .map(|(tid, &ns)| ns.saturating_sub(earlier.0.get(tid).copied().unwrap_or(0)))
+            .sum();
+        ns as f64 / 1e9
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -597,40 +632,5 @@ mod tests {
         assert!(text.contains("kindred_reachable 0"), "{text}");
         assert!(text.contains("kindred_connected_peers 0"), "{text}");
         assert!(text.contains("kindred_kademlia_server 0"), "{text}");
-    }
-}
-
-/// CPU time of each thread of this process (Linux: the scheduler's nanosecond counters in
-/// `/proc/self/task/*/schedstat`), to measure what one step cost in CPU across all threads.
-#[derive(Debug, Clone, Default)]
-pub struct CpuTimes(std::collections::HashMap<u64, u64>);
-
-impl CpuTimes {
-    /// The counters now; `None` where the platform does not expose them.
-    pub fn now() -> Option<Self> {
-        let mut times = std::collections::HashMap::new();
-        for task in std::fs::read_dir("/proc/self/task").ok()? {
-            let path = task.ok()?.path();
-            let Some(tid) = path.file_name().and_then(|n| n.to_str()?.parse().ok()) else {
-                continue;
-            };
-            // A thread may exit between listing and reading: skip it.
-            let Ok(text) = std::fs::read_to_string(path.join("schedstat")) else {
-                continue;
-            };
-            times.insert(tid, text.split_whitespace().next()?.parse().ok()?);
-        }
-        Some(Self(times))
-    }
-
-    /// CPU seconds used since `earlier` by the threads alive now (a thread started since counts
-    /// whole; one that exited since is not counted).
-    pub fn since(&self, earlier: &Self) -> f64 {
-        let ns: u64 = self
-            .0
-            .iter()
-            .map(|(tid, &ns)| ns.saturating_sub(earlier.0.get(tid).copied().unwrap_or(0)))
-            .sum();
-        ns as f64 / 1e9
     }
 }

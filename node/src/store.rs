@@ -33,16 +33,6 @@ const KEY_IDENTITY: &[u8] = b"identity";
 const KEY_ROUND: &[u8] = b"round";
 const KEY_REPLAY: &[u8] = b"replay_marks";
 const KEY_EXCHANGE: &[u8] = b"exchange";
-/// A vector as the little-endian bytes blobs store: the vector's own memory on
-/// little-endian targets, a copy elsewhere.
-pub(crate) fn le_view(v: &[f32]) -> std::borrow::Cow<'_, [u8]> {
-    if cfg!(target_endian = "little") {
-        std::borrow::Cow::Borrowed(bytemuck::cast_slice(v))
-    } else {
-        std::borrow::Cow::Owned(v.iter().flat_map(|x| x.to_le_bytes()).collect())
-    }
-}
-
 /// The hub exchange's persisted record and the blob it names ([`Store::exchange`]).
 pub type ExchangeRecord = (Vec<u8>, Option<BlobId>);
 const KEY_EXCHANGE_BLOB: &[u8] = b"exchange_blob";
@@ -545,6 +535,16 @@ fn decode_replay_marks(bytes: &[u8]) -> Option<Vec<ReplayMark>> {
         });
     }
     b.is_empty().then_some(marks)
+}
+
+/// A vector as the little-endian bytes blobs store: the vector's own memory on
+/// little-endian targets, a copy elsewhere.
+pub(crate) fn le_view(v: &[f32]) -> std::borrow::Cow<'_, [u8]> {
+    if cfg!(target_endian = "little") {
+        std::borrow::Cow::Borrowed(bytemuck::cast_slice(v))
+    } else {
+        std::borrow::Cow::Owned(v.iter().flat_map(|x| x.to_le_bytes()).collect())
+    }
 }
 
 #[cfg(test)]
