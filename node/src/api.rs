@@ -29,9 +29,9 @@
 //!   cap.
 //! - **Concurrency**: one update upload at a time ([`MAX_CONCURRENT_UPLOADS`]); a second one is
 //!   answered 409, and an upload while this round's update is already queued is answered 503,
-//!   both before their bodies are read. With the body buffered once, the memory an upload holds
-//!   is at most the cap plus the decoded update (the same size again), whatever the number of
-//!   clients.
+//!   both before their bodies are read. The body is decoded as it arrives
+//!   ([`crate::update_stream`]), never buffered: the memory an upload holds is the decoded update
+//!   (4 bytes per parameter) and its header, whatever the number of clients.
 //! - **Values**: `samples` must be in `1..=`[`kindred_proto::MAX_SAMPLES`], `loss` finite with
 //!   magnitude at most [`kindred_proto::MAX_ABS_LOSS`], and every tensor value finite with
 //!   magnitude at most [`MAX_ABS_UPDATE_VALUE`]; otherwise 422 with a message naming the
@@ -53,13 +53,14 @@ use axum::routing::{get, post};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use kindred_proto::{MAX_ABS_LOSS, MAX_SAMPLES, ModelSpec};
-use safetensors::{Dtype, SafeTensors, tensor::TensorView};
+use safetensors::{Dtype, tensor::TensorView};
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, mpsc, watch};
 
 use crate::engine::ExternalUpdate;
 use crate::metrics::NodeMetrics;
+use crate::update_stream::UpdateDecoder;
 
 /// Largest accepted update body (bytes), whatever the model: 1 GiB, 256M f32 parameters.
 /// [`update_body_cap`] is the (smaller) cap for a given model.
@@ -505,29 +506,38 @@ enum BodyError {
     TooLarge(usize),
     #[error("reading the update body: {0}")]
     Read(axum::Error),
+    #[error("{0}")]
+    Invalid(String),
 }
 
-/// Read `body` whole, failing as soon as it passes `cap` bytes. `declared` (the
-/// `Content-Length`, already checked against `cap`) sizes the buffer, so a body is held once.
-async fn read_body(
-    mut body: Body,
-    cap: usize,
-    declared: Option<u64>,
-) -> Result<Vec<u8>, BodyError> {
-    let reserve = declared.map_or(0, |n| usize::try_from(n).unwrap_or(cap).min(cap));
-    let mut buf = Vec::with_capacity(reserve);
+/// Read `body` into the update as it arrives ([`UpdateDecoder`]: the update is the only copy),
+/// failing as soon as it passes `cap` bytes. A body found invalid is still read to its end
+/// (within `cap` and the caller's deadline) without being kept, so the client gets the answer
+/// rather than a reset connection.
+async fn read_update(mut body: Body, cap: usize, spec: &ModelSpec) -> Result<Vec<f32>, BodyError> {
+    let mut decoder = UpdateDecoder::new(spec, update_header_cap(spec));
+    let mut invalid = None;
+    let mut read = 0usize;
     while let Some(frame) =
         std::future::poll_fn(|cx| std::pin::Pin::new(&mut body).poll_frame(cx)).await
     {
         let Ok(data) = frame.map_err(BodyError::Read)?.into_data() else {
             continue; // trailers
         };
-        if data.len() > cap.saturating_sub(buf.len()) {
+        if data.len() > cap.saturating_sub(read) {
             return Err(BodyError::TooLarge(cap));
         }
-        buf.extend_from_slice(&data);
+        read += data.len();
+        if invalid.is_none()
+            && let Err(e) = decoder.feed(&data)
+        {
+            invalid = Some(e);
+        }
     }
-    Ok(buf)
+    match invalid {
+        Some(e) => Err(BodyError::Invalid(e)),
+        None => decoder.finish().map_err(BodyError::Invalid),
+    }
 }
 
 /// `POST /v1/update`: every check that needs no body first (query, declared size, upload permit,
@@ -572,14 +582,16 @@ async fn update(
             return refuse(StatusCode::SERVICE_UNAVAILABLE, "the node is shutting down");
         }
     };
-    let bytes = match tokio::time::timeout(api.body_timeout, read_body(body, api.cap, declared))
+    let spec = api.shared.spec.clone();
+    let update = match tokio::time::timeout(api.body_timeout, read_update(body, api.cap, &spec))
         .await
     {
-        Ok(Ok(bytes)) => bytes,
+        Ok(Ok(update)) => update,
         Ok(Err(e @ BodyError::TooLarge(_))) => {
             return refuse(StatusCode::PAYLOAD_TOO_LARGE, e.to_string());
         }
         Ok(Err(e @ BodyError::Read(_))) => return refuse(StatusCode::BAD_REQUEST, e.to_string()),
+        Ok(Err(BodyError::Invalid(e))) => return refuse(StatusCode::UNPROCESSABLE_ENTITY, e),
         Err(_) => {
             return refuse(
                 StatusCode::REQUEST_TIMEOUT,
@@ -587,20 +599,6 @@ async fn update(
                     "the update body did not arrive within {:.1} s",
                     api.body_timeout.as_secs_f64()
                 ),
-            );
-        }
-    };
-    // Decoding a large update takes a while: off the async workers.
-    let spec = api.shared.spec.clone();
-    let decoded = tokio::task::spawn_blocking(move || update_from_safetensors(&bytes, &spec)).await;
-    let update = match decoded {
-        Ok(Ok(u)) => u,
-        Ok(Err(e)) => return refuse(StatusCode::UNPROCESSABLE_ENTITY, e),
-        Err(e) => {
-            tracing::warn!(error = %e, "API: decoding an update failed");
-            return refuse(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "decoding the update failed",
             );
         }
     };
@@ -641,50 +639,22 @@ async fn merged(State(api): State<Arc<Api>>, Query(q): Query<MergedParams>) -> R
 
 /// Read an update from safetensors: exactly one f32 tensor per spec layer, same names and shapes,
 /// all values finite with magnitude at most [`MAX_ABS_UPDATE_VALUE`]. Returns the update flat in
-/// spec order.
+/// spec order. The API decodes uploads the same way as they arrive
+/// ([`crate::update_stream::UpdateDecoder`]); this is that decoder fed one whole file.
 ///
 /// # Errors
 /// A message naming the first mismatch.
 pub fn update_from_safetensors(bytes: &[u8], spec: &ModelSpec) -> Result<Vec<f32>, String> {
-    let st = SafeTensors::deserialize(bytes).map_err(|e| format!("not a safetensors file: {e}"))?;
-    if st.len() != spec.layers().len() {
-        return Err(format!(
-            "{} tensors, the model has {} layers",
-            st.len(),
-            spec.layers().len()
-        ));
-    }
-    let mut out = Vec::with_capacity(spec.numel() as usize);
-    for layer in spec.layers() {
-        let t = st
-            .tensor(layer.name())
-            .map_err(|_| format!("tensor `{}` is missing", layer.name()))?;
-        let shape: Vec<usize> = layer.shape().iter().map(|&d| d as usize).collect();
-        if t.dtype() != Dtype::F32 || t.shape() != shape.as_slice() {
-            return Err(format!(
-                "tensor `{}` is {:?} {:?}, expected F32 {:?}",
-                layer.name(),
-                t.dtype(),
-                t.shape(),
-                shape
-            ));
-        }
-        for chunk in t.data().chunks_exact(4) {
-            let v = chunk.try_into().map_or(f32::NAN, f32::from_le_bytes);
-            if !v.is_finite() {
-                return Err(format!("tensor `{}` holds NaN or infinity", layer.name()));
-            }
-            if v.abs() > MAX_ABS_UPDATE_VALUE {
-                return Err(format!(
-                    "tensor `{}` holds {v:e}, over the bound of {MAX_ABS_UPDATE_VALUE:e} on an \
-                     update value",
-                    layer.name()
-                ));
-            }
-            out.push(v);
-        }
-    }
-    Ok(out)
+    let mut decoder = UpdateDecoder::new(spec, update_header_cap(spec));
+    decoder.feed(bytes)?;
+    decoder.finish()
+}
+
+/// Most header bytes of an update for `spec`: [`update_body_cap`] less the tensor data and the
+/// 8-byte length.
+pub fn update_header_cap(spec: &ModelSpec) -> usize {
+    let data = usize::try_from(spec.numel().saturating_mul(4)).unwrap_or(usize::MAX);
+    update_body_cap(spec).saturating_sub(data).saturating_sub(8)
 }
 
 /// Write a flat update as safetensors, one f32 tensor per spec layer.

@@ -10,7 +10,8 @@
 //! production: distill, seal, push to the cohort's hub, merge, apply, checkpoint.
 //!
 //! The updates share a direction (so the nodes form one cohort) with node-specific noise, each
-//! layer at its own scale. The first `warmup` rounds form the cohort and are not measured.
+//! layer at its own scale. Rounds are measured once the cohort is formed: after at least
+//! `warmup` rounds, from the first round after which every node merged.
 //!
 //! Reported, from the nodes' own round records (`/v1/status`) and `/proc`:
 //! - each stage's wall time (the distiller; the whole packet: distill, embed, seal, store; the
@@ -46,7 +47,9 @@ pub struct BenchModelOptions {
     pub nodes: usize,
     /// Rounds measured (after the warm-up).
     pub rounds: u64,
-    /// Rounds run before measuring, while the nodes find each other and form their cohort.
+    /// Rounds run before measuring, at least, while the nodes find each other and form their
+    /// cohort: warm-up goes on (at most [`MAX_EXTRA_WARMUP`] more rounds) until every node
+    /// merged in its last round.
     pub warmup: u64,
     /// Round length, seconds.
     pub round_secs: f64,
@@ -83,6 +86,9 @@ pub struct BenchModelReport {
     pub nodes: usize,
     /// Rounds measured.
     pub rounds: u64,
+    /// Rounds run before measuring: at least the warm-up asked for, and until every node
+    /// merged in its last round.
+    pub warmup_rounds: u64,
     /// The model in f32, bytes.
     pub model_f32_bytes: u64,
     /// Largest peak resident memory of one node process, bytes.
@@ -200,10 +206,15 @@ pub fn run(opts: &BenchModelOptions) -> anyhow::Result<BenchModelReport> {
             .with_context(|| format!("node {i} did not start; see {}", base.display()))?;
     }
 
-    let total = opts.warmup + opts.rounds;
     let mut last_merged: Vec<Option<u64>> = vec![None; opts.nodes];
     let (mut uploads, mut fetches) = (Vec::new(), Vec::new());
-    for r in 0..total {
+    // Warm-up lasts at least `warmup` rounds and until every node merged in its last round
+    // (its cohort formed and joined: a join's model fetch is not steady state).
+    let mut warmup = None;
+    let mut measured = 0;
+    let mut r = 0u64;
+    while measured < opts.rounds {
+        let measuring = warmup.is_some();
         let round_started = Instant::now();
         let results = std::thread::scope(|s| {
             let handles: Vec<_> = nodes
@@ -238,17 +249,33 @@ pub fn run(opts: &BenchModelOptions) -> anyhow::Result<BenchModelReport> {
                 )
             })?;
             last_merged[i] = Some(round);
-            if r >= opts.warmup {
+            if measuring {
                 uploads.push(uploaded);
                 fetches.push(fetched);
             }
         }
         tracing::info!(
             round = r,
-            measured = r >= opts.warmup,
+            measured = measuring,
             seconds = format_args!("{:.1}", round_started.elapsed().as_secs_f64()),
             "bench round done"
         );
+        r += 1;
+        if measuring {
+            measured += 1;
+        } else if r >= opts.warmup {
+            if all_merged(&agent, &nodes)? {
+                warmup = Some(r);
+            } else if r >= opts.warmup + MAX_EXTRA_WARMUP {
+                // Measured anyway: `applied` in the report shows the rounds that did not merge.
+                tracing::warn!(
+                    rounds = r,
+                    dir = %base.display(),
+                    "not every node merged in the warm-up; measuring as it is"
+                );
+                warmup = Some(r);
+            }
+        }
     }
 
     // The nodes' own records of the rounds, and their memory peaks, before they are stopped.
@@ -265,6 +292,7 @@ pub fn run(opts: &BenchModelOptions) -> anyhow::Result<BenchModelReport> {
     drop(children);
     Ok(report(
         opts,
+        warmup.unwrap_or(r),
         &spec,
         &histories,
         &peaks,
@@ -275,8 +303,10 @@ pub fn run(opts: &BenchModelOptions) -> anyhow::Result<BenchModelReport> {
 }
 
 /// The figures from each node's round records (oldest first) and peak memory.
+#[allow(clippy::too_many_arguments)]
 fn report(
     opts: &BenchModelOptions,
+    warmup: u64,
     spec: &ModelSpec,
     histories: &[Vec<RoundRecord>],
     peaks: &[u64],
@@ -333,6 +363,7 @@ fn report(
         layers: spec.layers().len(),
         nodes: opts.nodes,
         rounds: opts.rounds,
+        warmup_rounds: warmup,
         model_f32_bytes: spec.f32_bytes(),
         peak_rss_bytes: peaks.iter().copied().max().unwrap_or(0),
         peak_rss_total_bytes: peaks.iter().sum(),
@@ -392,7 +423,10 @@ pub fn print(r: &BenchModelReport, json: bool) {
             "wire: {} bytes per node per round (packet {} bytes) vs {} for a full-precision all-reduce: {:.1}x fewer",
             r.wire_bytes_per_node_round, r.packet_bytes, r.bytes_allreduce, r.allreduce_ratio
         ),
-        format!("applied: {:?}; {:.1} s in all", r.applied, r.seconds),
+        format!(
+            "applied: {:?}; after {} warm-up rounds; {:.1} s in all",
+            r.applied, r.warmup_rounds, r.seconds
+        ),
     ];
     let mut out = lines.join("\n");
     if json {
@@ -403,6 +437,26 @@ pub fn print(r: &BenchModelReport, json: bool) {
     if let Err(e) = std::io::Write::write_all(&mut std::io::stdout().lock(), out.as_bytes()) {
         tracing::warn!(error = %e, "writing the report failed");
     }
+}
+
+/// Most rounds warm-up goes on past [`BenchModelOptions::warmup`] waiting for every node to
+/// merge.
+pub const MAX_EXTRA_WARMUP: u64 = 10;
+
+/// Whether every node's last round applied a merge (not its own update, not a join's adoption).
+fn all_merged(agent: &ureq::Agent, nodes: &[(PathBuf, SocketAddr)]) -> anyhow::Result<bool> {
+    for (_, api) in nodes {
+        let status: Status = serde_json::from_str(&get(agent, *api, "/v1/status")?)?;
+        let merged = status
+            .history
+            .last()
+            .and_then(|r| r.exchange.as_ref())
+            .is_some_and(|e| e.applied == "merge");
+        if !merged {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// Poll a node's status until it answers (or its process exits, or `limit` passes).

@@ -22,4 +22,5 @@ pub mod exchange;
 pub mod metrics;
 pub mod run;
 pub mod store;
+pub mod update_stream;
 pub use kindred_trainer as trainer;

@@ -1,0 +1,421 @@
+//! An uploaded update decoded as its bytes arrive.
+//!
+//! A trainer uploads its update as one safetensors file (`POST /v1/update`). Holding the whole
+//! body and then converting it would keep the update twice in memory, 8 bytes per parameter at
+//! the moment the node also holds its model state; at 10^8-10^9 parameters that copy is what a
+//! host runs out of. [`UpdateDecoder`] is a sans-IO state machine fed the body piece by piece:
+//! it reads and checks the header against the model spec (bounded before anything is
+//! allocated), then writes each little-endian f32 straight to its place in the flat update,
+//! checking every value. The update is the only model-sized allocation.
+
+use std::collections::BTreeMap;
+
+use kindred_proto::ModelSpec;
+use serde::Deserialize;
+
+use crate::api::MAX_ABS_UPDATE_VALUE;
+
+/// One tensor's entry in a safetensors header.
+#[derive(Deserialize)]
+struct Entry {
+    dtype: String,
+    shape: Vec<u64>,
+    data_offsets: (u64, u64),
+}
+
+/// Where a stretch of the file's data goes: file bytes `begin..end` hold spec layer `layer`,
+/// which starts at element `out` of the flat update.
+#[derive(Debug, Clone, Copy)]
+struct Segment {
+    begin: u64,
+    end: u64,
+    out: usize,
+    layer: usize,
+}
+
+#[derive(Debug)]
+enum Phase {
+    /// Reading the 8-byte header length.
+    Length,
+    /// Reading the JSON header of this many bytes.
+    Header(usize),
+    /// Reading tensor data: `pos` bytes of it so far, in `segments[seg]`.
+    Data { pos: u64, seg: usize },
+}
+
+/// Decodes a safetensors update for one model spec from pieces of its bytes.
+///
+/// ```
+/// use kindred_node::update_stream::UpdateDecoder;
+/// use kindred_proto::{DType, LayerSpec, ModelSpec};
+/// let spec = ModelSpec::new(vec![LayerSpec::new("w", [2, 2], DType::F32)])?;
+/// let file = kindred_node::api::update_to_safetensors(&[1.0, 2.0, 3.0, 4.0], &spec)?;
+/// let mut decoder = UpdateDecoder::new(&spec, 1 << 16);
+/// for piece in file.chunks(3) {
+///     decoder.feed(piece)?;
+/// }
+/// assert_eq!(decoder.finish()?, vec![1.0, 2.0, 3.0, 4.0]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct UpdateDecoder<'a> {
+    spec: &'a ModelSpec,
+    /// Most header bytes accepted (checked before the header is buffered).
+    max_header: usize,
+    phase: Phase,
+    /// Bytes of the length or header read so far; then the bytes of a value split between
+    /// two pieces.
+    pending: Vec<u8>,
+    segments: Vec<Segment>,
+    out: Vec<f32>,
+}
+
+impl<'a> UpdateDecoder<'a> {
+    /// A decoder for an update of `spec` whose header is at most `max_header` bytes.
+    pub fn new(spec: &'a ModelSpec, max_header: usize) -> Self {
+        Self {
+            spec,
+            max_header,
+            phase: Phase::Length,
+            pending: Vec::new(),
+            segments: Vec::new(),
+            out: Vec::new(),
+        }
+    }
+
+    /// Take the next piece of the file.
+    ///
+    /// # Errors
+    /// A message naming the first problem (a bad header, a tensor that does not match the
+    /// spec, a value that is not finite or is out of bounds, bytes past the end); the decoder
+    /// is of no further use then.
+    pub fn feed(&mut self, mut bytes: &[u8]) -> Result<(), String> {
+        while !bytes.is_empty() {
+            match self.phase {
+                Phase::Length => {
+                    let take = (8 - self.pending.len()).min(bytes.len());
+                    let (head, rest) = bytes.split_at(take);
+                    self.pending.extend_from_slice(head);
+                    bytes = rest;
+                    if let Ok(len) = <[u8; 8]>::try_from(self.pending.as_slice()) {
+                        let n = u64::from_le_bytes(len);
+                        let n = usize::try_from(n)
+                            .ok()
+                            .filter(|&n| n <= self.max_header)
+                            .ok_or_else(|| {
+                                format!(
+                                    "not a safetensors file: a header of {n} bytes is over the \
+                                     limit of {} for this model",
+                                    self.max_header
+                                )
+                            })?;
+                        self.pending.clear();
+                        self.pending.reserve_exact(n);
+                        self.phase = Phase::Header(n);
+                        if n == 0 {
+                            self.start_data()?;
+                        }
+                    }
+                }
+                Phase::Header(n) => {
+                    let take = (n - self.pending.len()).min(bytes.len());
+                    let (head, rest) = bytes.split_at(take);
+                    self.pending.extend_from_slice(head);
+                    bytes = rest;
+                    if self.pending.len() == n {
+                        self.start_data()?;
+                    }
+                }
+                Phase::Data { .. } => {
+                    let used = self.data(bytes)?;
+                    if used == 0 {
+                        return Err("not a safetensors file: bytes past the end of its data".into());
+                    }
+                    bytes = bytes.get(used..).unwrap_or_default();
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The update, flat in spec order, once the whole file was fed.
+    ///
+    /// # Errors
+    /// When the file ended early.
+    pub fn finish(self) -> Result<Vec<f32>, String> {
+        match self.phase {
+            Phase::Data { seg, .. } if seg == self.segments.len() && self.pending.is_empty() => {
+                Ok(self.out)
+            }
+            _ => Err("not a safetensors file: it ends early".into()),
+        }
+    }
+
+    /// Parse and check the header held in `pending`; lay out the data.
+    fn start_data(&mut self) -> Result<(), String> {
+        let header = std::mem::take(&mut self.pending);
+        let mut map: BTreeMap<String, serde_json::Value> =
+            serde_json::from_slice(&header).map_err(|e| format!("not a safetensors file: {e}"))?;
+        map.remove("__metadata__");
+        let layers = self.spec.layers();
+        if map.len() != layers.len() {
+            return Err(format!(
+                "{} tensors, the model has {} layers",
+                map.len(),
+                layers.len()
+            ));
+        }
+        let mut segments = Vec::with_capacity(layers.len());
+        let mut out = 0usize;
+        for (index, layer) in layers.iter().enumerate() {
+            let value = map
+                .remove(layer.name())
+                .ok_or_else(|| format!("tensor `{}` is missing", layer.name()))?;
+            let e: Entry = serde_json::from_value(value)
+                .map_err(|e| format!("not a safetensors file: tensor `{}`: {e}", layer.name()))?;
+            let shape: Vec<u64> = layer.shape().iter().map(|&d| u64::from(d)).collect();
+            if e.dtype != "F32" || e.shape != shape {
+                return Err(format!(
+                    "tensor `{}` is {} {:?}, expected F32 {:?}",
+                    layer.name(),
+                    e.dtype,
+                    e.shape,
+                    shape
+                ));
+            }
+            let (begin, end) = e.data_offsets;
+            if end.checked_sub(begin) != Some(layer.numel() * 4) {
+                return Err(format!(
+                    "not a safetensors file: tensor `{}` has data offsets {begin}..{end} for \
+                     {} values",
+                    layer.name(),
+                    layer.numel()
+                ));
+            }
+            segments.push(Segment {
+                begin,
+                end,
+                out,
+                layer: index,
+            });
+            out += layer.numel() as usize;
+        }
+        // The tensors must tile the data exactly, as the format requires.
+        segments.sort_by_key(|s| s.begin);
+        let mut at = 0u64;
+        for s in &segments {
+            if s.begin != at {
+                return Err("not a safetensors file: tensor data overlap or leave gaps".into());
+            }
+            at = s.end;
+        }
+        self.segments = segments;
+        self.out = vec![0.0; out];
+        self.phase = Phase::Data { pos: 0, seg: 0 };
+        self.skip_empty();
+        Ok(())
+    }
+
+    /// Past segments with no data (zero-element layers).
+    fn skip_empty(&mut self) {
+        if let Phase::Data { pos, seg } = &mut self.phase {
+            while self.segments.get(*seg).is_some_and(|s| s.end <= *pos) {
+                *seg += 1;
+            }
+        }
+    }
+
+    /// Convert tensor data from `bytes`; returns how many bytes were used.
+    fn data(&mut self, bytes: &[u8]) -> Result<usize, String> {
+        let Phase::Data { pos, seg } = &mut self.phase else {
+            return Ok(0);
+        };
+        let Some(s) = self.segments.get(*seg).copied() else {
+            return Err("not a safetensors file: bytes past the end of its data".into());
+        };
+        // `pos` counts the bytes of values written; a value split between pieces waits in
+        // `pending`. Only this segment's bytes are taken from this piece.
+        let left = s.end - *pos - self.pending.len() as u64;
+        let want = usize::try_from(left).unwrap_or(usize::MAX);
+        let mut used = 0;
+        let mut bytes = bytes.get(..want.min(bytes.len())).unwrap_or_default();
+        if !self.pending.is_empty() {
+            let take = (4 - self.pending.len()).min(bytes.len());
+            let (head, rest) = bytes.split_at(take);
+            self.pending.extend_from_slice(head);
+            used += take;
+            bytes = rest;
+            if let Ok(v) = <[u8; 4]>::try_from(self.pending.as_slice()) {
+                let at = s.out + ((*pos - s.begin) / 4) as usize;
+                put(&mut self.out, at, f32::from_le_bytes(v), self.spec, s.layer)?;
+                *pos += 4;
+                self.pending.clear();
+            }
+        }
+        let whole = bytes.len() - bytes.len() % 4;
+        let (values, tail) = bytes.split_at(whole);
+        let first = s.out + ((*pos - s.begin) / 4) as usize;
+        for (i, v) in values.chunks_exact(4).enumerate() {
+            let v = v.try_into().map_or(f32::NAN, f32::from_le_bytes);
+            put(&mut self.out, first + i, v, self.spec, s.layer)?;
+        }
+        *pos += whole as u64;
+        used += whole;
+        self.pending.extend_from_slice(tail);
+        used += tail.len();
+        if self.pending.is_empty() && *pos == s.end {
+            *seg += 1;
+            self.skip_empty();
+        }
+        Ok(used)
+    }
+}
+
+/// Check one value and store it.
+fn put(out: &mut [f32], at: usize, v: f32, spec: &ModelSpec, layer: usize) -> Result<(), String> {
+    let name = || spec.layers().get(layer).map_or("?", |l| l.name());
+    if !v.is_finite() {
+        return Err(format!("tensor `{}` holds NaN or infinity", name()));
+    }
+    if v.abs() > MAX_ABS_UPDATE_VALUE {
+        return Err(format!(
+            "tensor `{}` holds {v:e}, over the bound of {MAX_ABS_UPDATE_VALUE:e} on an update value",
+            name()
+        ));
+    }
+    match out.get_mut(at) {
+        Some(slot) => {
+            *slot = v;
+            Ok(())
+        }
+        None => Err("not a safetensors file: data past its tensors".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kindred_proto::{DType, LayerSpec};
+
+    use super::*;
+    use crate::api::{update_header_cap, update_to_safetensors};
+
+    fn spec() -> ModelSpec {
+        ModelSpec::new(vec![
+            LayerSpec::new("b.weight", [7, 5], DType::F32),
+            LayerSpec::new("a.bias", [7], DType::F32),
+            LayerSpec::new("c", [3, 2, 2], DType::F32),
+        ])
+        .unwrap()
+    }
+
+    fn decode_in_pieces(file: &[u8], spec: &ModelSpec, piece: usize) -> Result<Vec<f32>, String> {
+        let mut d = UpdateDecoder::new(spec, update_header_cap(spec));
+        for p in file.chunks(piece) {
+            d.feed(p)?;
+        }
+        d.finish()
+    }
+
+    #[test]
+    fn any_cut_into_pieces_decodes_to_the_same_update() {
+        let spec = spec();
+        let update: Vec<f32> = (0..spec.numel()).map(|i| i as f32 * 0.5 - 9.0).collect();
+        let file = update_to_safetensors(&update, &spec).unwrap();
+        for piece in [1, 2, 3, 4, 5, 7, 8, 13, 64, 100, file.len()] {
+            assert_eq!(
+                decode_in_pieces(&file, &spec, piece).unwrap(),
+                update,
+                "{piece}"
+            );
+        }
+    }
+
+    #[test]
+    fn truncated_extended_or_bad_files_are_refused_whatever_the_pieces() {
+        let spec = spec();
+        let update = vec![0.25f32; spec.numel() as usize];
+        let file = update_to_safetensors(&update, &spec).unwrap();
+        for piece in [1, 5, 4096] {
+            for cut in [0, 4, 8, 20, file.len() - 1] {
+                assert!(
+                    decode_in_pieces(&file[..cut], &spec, piece).is_err(),
+                    "{cut}"
+                );
+            }
+            let mut longer = file.clone();
+            longer.extend_from_slice(&[0; 4]);
+            assert!(decode_in_pieces(&longer, &spec, piece).is_err());
+            let mut nan = file.clone();
+            let n = nan.len();
+            nan[n - 4..].copy_from_slice(&f32::NAN.to_le_bytes());
+            let e = decode_in_pieces(&nan, &spec, piece).unwrap_err();
+            assert!(e.contains("NaN"), "{e}");
+            let mut huge = file.clone();
+            huge[n - 4..].copy_from_slice(&3.0e6f32.to_le_bytes());
+            let e = decode_in_pieces(&huge, &spec, piece).unwrap_err();
+            assert!(e.contains("over the bound"), "{e}");
+        }
+        // A header length past the limit is refused before anything is buffered.
+        let mut d = UpdateDecoder::new(&spec, 100);
+        let e = d.feed(&(1u64 << 40).to_le_bytes()).unwrap_err();
+        assert!(e.contains("over the limit"), "{e}");
+    }
+
+    #[test]
+    fn headers_that_do_not_tile_the_data_are_refused() {
+        let spec = ModelSpec::new(vec![
+            LayerSpec::new("x", [2], DType::F32),
+            LayerSpec::new("y", [2], DType::F32),
+        ])
+        .unwrap();
+        let file = |header: &str| {
+            let mut h = header.as_bytes().to_vec();
+            while !h.len().is_multiple_of(8) {
+                h.push(b' ');
+            }
+            let mut f = (h.len() as u64).to_le_bytes().to_vec();
+            f.extend_from_slice(&h);
+            f.extend_from_slice(&[0; 16]);
+            f
+        };
+        let ok = r#"{"x":{"dtype":"F32","shape":[2],"data_offsets":[8,16]},"y":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"__metadata__":{"format":"pt"}}"#;
+        assert_eq!(decode_in_pieces(&file(ok), &spec, 3).unwrap(), vec![0.0; 4]);
+        for bad in [
+            r#"{"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"y":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#,
+            r#"{"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"y":{"dtype":"F32","shape":[2],"data_offsets":[12,20]}}"#,
+            r#"{"x":{"dtype":"F16","shape":[2],"data_offsets":[0,4]},"y":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}"#,
+            r#"{"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#,
+            r#"{"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"z":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}}"#,
+            r#"not json"#,
+        ] {
+            assert!(decode_in_pieces(&file(bad), &spec, 5).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn mangled_files_in_random_pieces_never_panic() {
+        use rand::{Rng, SeedableRng};
+        let spec = spec();
+        let update: Vec<f32> = (0..spec.numel()).map(|i| i as f32).collect();
+        let file = update_to_safetensors(&update, &spec).unwrap();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let mut decoded = 0;
+        for _ in 0..3000 {
+            let mut f = file.clone();
+            for _ in 0..rng.random_range(1..4) {
+                let at = rng.random_range(0..f.len());
+                f[at] = rng.random();
+            }
+            if rng.random_bool(0.2) {
+                f.truncate(rng.random_range(0..f.len()));
+            }
+            let piece = rng.random_range(1..64);
+            if let Ok(u) = decode_in_pieces(&f, &spec, piece) {
+                assert_eq!(u.len(), update.len());
+                decoded += 1;
+            }
+        }
+        // Flips in tensor data (most of the file) mostly leave a valid, different update.
+        assert!(decoded > 0);
+    }
+}
