@@ -72,7 +72,7 @@ pub use embed::{Embedded, Embedder, EmbeddingConfig};
 pub use error::{ConfigError, DecodeError, DistillError, EmbedError, RestoreError, SynthError};
 pub use layout::Layout;
 pub use policy::{LayerPlan, Policy};
-pub use state::{DistillerState, EncodedState, STATE_VERSION};
+pub use state::{DistillerState, EncodedState, STATE_VERSION, f32_le_bytes};
 pub use synth::{
     MergeRule, Rejection, SynthConfig, Synthesis, UpdateRef, Verdict, cap_samples, synthesize,
 };

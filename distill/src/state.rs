@@ -64,8 +64,14 @@ fn le_bytes(v: &[f32]) -> Vec<u8> {
     out
 }
 
-/// A vector as little-endian bytes: the vector's own memory on little-endian targets.
-fn le_view(v: &[f32]) -> Cow<'_, [u8]> {
+/// A vector as little-endian bytes, the encoding of every f32 vector this crate persists: the
+/// vector's own memory on little-endian targets (no copy), a copy elsewhere.
+///
+/// ```
+/// let bytes = kindred_distill::f32_le_bytes(&[1.0, -2.0]);
+/// assert_eq!(&bytes[..4], &1.0f32.to_le_bytes());
+/// ```
+pub fn f32_le_bytes(v: &[f32]) -> Cow<'_, [u8]> {
     if cfg!(target_endian = "little") {
         Cow::Borrowed(bytemuck::cast_slice(v))
     } else {
@@ -108,7 +114,7 @@ impl<'a> EncodedState<'a> {
             round,
             mean_count,
         };
-        let (residual, mean) = (le_view(residual), le_view(mean));
+        let (residual, mean) = (f32_le_bytes(residual), f32_le_bytes(mean));
         // postcard writes a struct as its fields in order and a byte string as its length
         // (a varint) and its bytes: the same bytes as `WireState`, without the copy.
         let mut head = postcard::to_allocvec(&fixed).unwrap_or_default();

@@ -222,7 +222,9 @@ impl Engine {
             Some(m) => m.params()?,
             None => vec![0.0; spec.numel() as usize],
         };
-        let mut base = origin.clone();
+        // Zeros until restored or set from the model below: allocated, not copied (a large
+        // external model's pages stay untouched until its first merge).
+        let mut base = vec![0.0; origin.len()];
 
         let mut last_round = None;
         let mut restored = None;
@@ -689,7 +691,7 @@ impl Engine {
         // `base` is already the state after this round's merge: model parameters (built-in) or
         // the cumulative merged update (external).
         let id = self.spec.id();
-        let params = crate::store::le_view(&self.base);
+        let params = kindred_distill::f32_le_bytes(&self.base);
         let checkpoint = self.store.put_blob_parts(&[PARAMS_MAGIC, &id.0, &params])?;
         let residuals = self
             .store

@@ -1107,12 +1107,12 @@ impl HubDriver {
             .zip(cumulative)
             .map(|(o, c)| o + c)
             .collect();
-        let own = engine.base().to_vec();
-        if let Some(share) = data_refuses(engine, &own, &offered)? {
+        let own = |engine: &Engine| engine.base().to_vec();
+        if let Some(share) = data_refuses(engine, own, |_| offered.clone())? {
             tracing::debug!(share, "the node's data refuses the hub's model");
             return Ok(ModelVerdict::Refuse);
         }
-        if let Err(e) = check_adoption(&own, &offered, engine.origin(), ADOPT_MAX_RATIO) {
+        if let Err(e) = check_adoption(engine.base(), &offered, engine.origin(), ADOPT_MAX_RATIO) {
             tracing::debug!(error = %e, "hub model kept at a distance");
             return Ok(ModelVerdict::Keep);
         }
@@ -1134,19 +1134,13 @@ impl HubDriver {
         else {
             return Ok(MergeVerdict::Aggregate);
         };
-        // Checks by data need the node's data: an external trainer's node has none, and skips
-        // them without building the models they would score (three model-sized vectors).
-        let has_data = !engine.is_external();
-        let moved = |engine: &Engine, u: &[f32]| -> Vec<f32> {
-            engine.base().iter().zip(u).map(|(b, u)| b + u).collect()
-        };
+        /// The node's model moved by `u`, built when a check by data asks for it.
+        fn moved(u: &[f32]) -> impl FnOnce(&Engine) -> Vec<f32> + '_ {
+            move |engine| engine.base().iter().zip(u).map(|(b, u)| b + u).collect()
+        }
         if *hub == self.own {
-            if !has_data {
-                return Ok(MergeVerdict::Pass);
-            }
             let raw = raw.as_deref().unwrap_or(update);
-            let (own, offered) = (moved(engine, sent), moved(engine, raw));
-            return Ok(match data_refuses(engine, &own, &offered)? {
+            return Ok(match data_refuses(engine, moved(sent), moved(raw))? {
                 Some(share) => {
                     tracing::debug!(share, "the hub's data refuses its merge");
                     MergeVerdict::Data
@@ -1158,12 +1152,9 @@ impl HubDriver {
             tracing::info!(%hub, error = %e, "merge refused");
             return Ok(MergeVerdict::Aggregate);
         }
-        if by_data && has_data {
-            let (own, offered) = (moved(engine, sent), moved(engine, update));
-            if let Some(share) = data_refuses(engine, &own, &offered)? {
-                tracing::info!(%hub, share, "merge refused by the node's data");
-                return Ok(MergeVerdict::Data);
-            }
+        if by_data && let Some(share) = data_refuses(engine, moved(sent), moved(update))? {
+            tracing::info!(%hub, share, "merge refused by the node's data");
+            return Ok(MergeVerdict::Data);
         }
         Ok(MergeVerdict::Pass)
     }
@@ -1322,17 +1313,22 @@ const SEARCH_PERMILLE: u16 = 400;
 /// Whether the node's data refuses `offered` parameters in place of `own`: `Some(share)` when,
 /// on its training shard, `offered` keeps less than [`MIN_GAIN_SHARE`] of what `own` gained
 /// over the common initial model (`check_by_data`); `None` when it accepts, or when there is
-/// no data here (an external trainer).
+/// no data here (an external trainer). The parameters to score are built by `own` and
+/// `offered` only when there is data: three model-sized vectors a node without data (and a
+/// large model) does without.
 fn data_refuses(
     engine: &mut Engine,
-    own: &[f32],
-    offered: &[f32],
+    own: impl FnOnce(&Engine) -> Vec<f32>,
+    offered: impl FnOnce(&Engine) -> Vec<f32>,
 ) -> Result<Option<f32>, HubError> {
-    let origin = engine.origin().to_vec();
+    if engine.is_external() {
+        return Ok(None);
+    }
+    let (origin, own, offered) = (engine.origin().to_vec(), own(engine), offered(engine));
     let (Some(origin), Some(own), Some(offered)) = (
         engine.shard_accuracy(&origin)?,
-        engine.shard_accuracy(own)?,
-        engine.shard_accuracy(offered)?,
+        engine.shard_accuracy(&own)?,
+        engine.shard_accuracy(&offered)?,
     ) else {
         return Ok(None);
     };

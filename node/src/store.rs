@@ -537,16 +537,6 @@ fn decode_replay_marks(bytes: &[u8]) -> Option<Vec<ReplayMark>> {
     b.is_empty().then_some(marks)
 }
 
-/// A vector as the little-endian bytes blobs store: the vector's own memory on
-/// little-endian targets, a copy elsewhere.
-pub(crate) fn le_view(v: &[f32]) -> std::borrow::Cow<'_, [u8]> {
-    if cfg!(target_endian = "little") {
-        std::borrow::Cow::Borrowed(bytemuck::cast_slice(v))
-    } else {
-        std::borrow::Cow::Owned(v.iter().flat_map(|x| x.to_le_bytes()).collect())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -245,9 +245,9 @@ impl<'a> UpdateDecoder<'a> {
             self.pending.extend_from_slice(head);
             used += take;
             bytes = rest;
-            if let Ok(v) = <[u8; 4]>::try_from(self.pending.as_slice()) {
+            if self.pending.len() == 4 {
                 let at = s.out + ((*pos - s.begin) / 4) as usize;
-                put(&mut self.out, at, f32::from_le_bytes(v), self.spec, s.layer)?;
+                write(&mut self.out, at, &self.pending, self.spec, s.layer)?;
                 *pos += 4;
                 self.pending.clear();
             }
@@ -255,10 +255,7 @@ impl<'a> UpdateDecoder<'a> {
         let whole = bytes.len() - bytes.len() % 4;
         let (values, tail) = bytes.split_at(whole);
         let first = s.out + ((*pos - s.begin) / 4) as usize;
-        for (i, v) in values.chunks_exact(4).enumerate() {
-            let v = v.try_into().map_or(f32::NAN, f32::from_le_bytes);
-            put(&mut self.out, first + i, v, self.spec, s.layer)?;
-        }
+        write(&mut self.out, first, values, self.spec, s.layer)?;
         *pos += whole as u64;
         used += whole;
         self.pending.extend_from_slice(tail);
@@ -271,25 +268,34 @@ impl<'a> UpdateDecoder<'a> {
     }
 }
 
-/// Check one value and store it.
-fn put(out: &mut [f32], at: usize, v: f32, spec: &ModelSpec, layer: usize) -> Result<(), String> {
-    let name = || spec.layers().get(layer).map_or("?", |l| l.name());
-    if !v.is_finite() {
-        return Err(format!("tensor `{}` holds NaN or infinity", name()));
-    }
-    if v.abs() > MAX_ABS_UPDATE_VALUE {
-        return Err(format!(
-            "tensor `{}` holds {v:e}, over the bound of {MAX_ABS_UPDATE_VALUE:e} on an update value",
-            name()
-        ));
-    }
-    match out.get_mut(at) {
-        Some(slot) => {
-            *slot = v;
-            Ok(())
+/// Check the little-endian f32 values in `bytes` (a whole number of them) and store them from
+/// element `at` of `out` on.
+fn write(
+    out: &mut [f32],
+    at: usize,
+    bytes: &[u8],
+    spec: &ModelSpec,
+    layer: usize,
+) -> Result<(), String> {
+    let Some(dst) = out.get_mut(at..at + bytes.len() / 4) else {
+        return Err("not a safetensors file: data past its tensors".into());
+    };
+    for (slot, b) in dst.iter_mut().zip(bytes.chunks_exact(4)) {
+        let v = b.try_into().map_or(f32::NAN, f32::from_le_bytes);
+        if !v.is_finite() || v.abs() > MAX_ABS_UPDATE_VALUE {
+            let name = spec.layers().get(layer).map_or("?", |l| l.name());
+            return Err(if v.is_finite() {
+                format!(
+                    "tensor `{name}` holds {v:e}, over the bound of {MAX_ABS_UPDATE_VALUE:e} on \
+                     an update value"
+                )
+            } else {
+                format!("tensor `{name}` holds NaN or infinity")
+            });
         }
-        None => Err("not a safetensors file: data past its tensors".into()),
+        *slot = v;
     }
+    Ok(())
 }
 
 #[cfg(test)]
