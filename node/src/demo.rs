@@ -624,7 +624,7 @@ pub(crate) fn spawn_node(exe: &Path, dir: &Path) -> anyhow::Result<NodeProcess> 
         .arg(dir)
         .env(
             "RUST_LOG",
-            std::env::var("RUST_LOG").unwrap_or_else(|_| "info,libp2p=warn".into()),
+            std::env::var("RUST_LOG").unwrap_or_else(|_| crate::DEFAULT_LOG_FILTER.into()),
         )
         .stdout(Stdio::null())
         .stderr(log)

@@ -256,10 +256,9 @@ impl HubDriver {
     pub async fn start(
         engine: &Engine,
         routing: RoutingHandle,
-        round_ms: u64,
+        config: ExchangeConfig,
     ) -> Result<Self, HubError> {
         let own = engine.peer_id();
-        let config = exchange_config(round_ms);
         let mut distiller = engine.new_distiller()?;
         // The exchange's state is worth keeping (the view, the joined hub, the hub's error
         // feedback) but not worth refusing to start over: without it the node searches again.
@@ -1284,10 +1283,14 @@ fn rank(peer: &PeerId, window: u64) -> u64 {
     hub_rank_at(&peer.to_bytes(), window)
 }
 
-/// The exchange's parameters for rounds of `round_ms`: the core's defaults, with a push's
-/// answer awaited at most a sixth of the round (5 s in rounds of 30 s or more).
-pub fn exchange_config(round_ms: u64) -> ExchangeConfig {
-    let mut config = ExchangeConfig::default();
+/// The exchange's parameters for rounds of `round_ms` and key windows of `key_window` rounds
+/// (the routing's discovery period, `NodeConfig::discovery_every`): the core's defaults, with
+/// a push's answer awaited at most a sixth of the round (5 s in rounds of 30 s or more).
+pub fn exchange_config(round_ms: u64, key_window: u64) -> ExchangeConfig {
+    let mut config = ExchangeConfig {
+        key_window,
+        ..ExchangeConfig::default()
+    };
     config.timing.answer_ms = config.timing.answer_ms.min(round_ms / 6).max(100);
     // A search waits for the round's announcements ([`SEARCH_AFTER`]) before it looks up.
     config.timing.search_permille = SEARCH_PERMILLE;

@@ -24,3 +24,7 @@ pub mod run;
 pub mod store;
 pub mod update_stream;
 pub use kindred_trainer as trainer;
+
+/// The log filter a node runs with when `RUST_LOG` is not set: info, without the per-connection
+/// chatter of libp2p or the index parameters `hnsw_rs` prints whenever it builds a graph.
+pub const DEFAULT_LOG_FILTER: &str = "info,libp2p=warn,hnsw_rs=warn";

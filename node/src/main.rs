@@ -265,7 +265,7 @@ struct BenchModelArgs {
 
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,libp2p=warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(kindred_node::DEFAULT_LOG_FILTER));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

@@ -39,7 +39,7 @@ use tokio::sync::{mpsc, watch};
 use crate::api::{self, MAX_HISTORY, RoundRecord, RoundTimings, Shared, SnapshotRecord, Status};
 use crate::config::{ExchangeKind, NodeConfig};
 use crate::engine::{Engine, EngineError, ExternalUpdate, MergeReport, PeerPacket};
-use crate::exchange::{HubDriver, HubRoundStats};
+use crate::exchange::{HubDriver, HubRoundStats, exchange_config};
 use crate::metrics::NodeMetrics;
 use crate::store::Store;
 
@@ -247,7 +247,8 @@ pub async fn run(
         ExchangeKind::Hub => {
             // Served from the start: a peer joining this node as its hub fetches the model.
             seal_snapshot(&engine, engine.last_round().unwrap_or(0), &snapshots);
-            Some(HubDriver::start(&engine, routing.clone(), t_ms).await?)
+            let exchange = exchange_config(t_ms, config.discovery_every);
+            Some(HubDriver::start(&engine, routing.clone(), exchange).await?)
         }
         ExchangeKind::Pairwise => None,
     };

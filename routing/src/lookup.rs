@@ -890,13 +890,26 @@ impl RoutingCore {
                 .index
                 .nearest(l.window, &own.embedding.sketch, limit + 1),
         };
+        // A lookup that fetches no body only meets peers (the hub exchange's searches): a
+        // peer's newest header of the window, of whatever round, says who it is as well as
+        // one of this round would. Nodes start their rounds at different times, so the rounds a
+        // node searches in need not be those its task's hubs announce in (a lone node of 8
+        // real nodes searched 5 times in 16 rounds and found its task's headers of the round
+        // before, each time ranked out as stale).
+        let meet_only = l.top_m == 0;
+        let index = &self.index;
         l.candidates = found
             .into_iter()
-            // Only this round's packets: a window spans several rounds, and a peer's older
-            // packet may already have been merged.
+            // Otherwise only this round's packets: a window spans several rounds, and a
+            // peer's older packet may already have been merged.
             .filter(|(e, _)| {
                 let h = e.header.header();
-                h.sender != local && h.model == l.model && h.round == own.round
+                let current = h.round == own.round
+                    || (meet_only
+                        && index
+                            .newest(l.window, &h.sender)
+                            .is_some_and(|n| n.header.id() == e.header.id()));
+                h.sender != local && h.model == l.model && current
             })
             .take(limit)
             .map(|(e, cosine)| Candidate {

@@ -1035,3 +1035,43 @@ fn a_later_packet_of_a_window_publishes_new_keys_only_during_warm_up() {
     // after it, a window is published once.
     assert_eq!(published, vec![16, 16, 0, 0]);
 }
+
+#[test]
+fn a_search_that_only_meets_peers_ranks_their_earlier_headers_of_the_window() {
+    let now = Instant::now();
+    let cfg = config();
+    // Rounds 1,000,001..=1,000,009 share the window that opened at round 1,000,000: B
+    // announced in round 1,000,001, A looks up in round 1,000,003.
+    let mut nodes = cluster(2, 1_000_001, &cfg, 17);
+    let keys_b = announce(&mut nodes[1], now);
+    let (a, b) = nodes.split_at_mut(1);
+    let (a, b) = (&mut a[0], &mut b[0]);
+    let embedding = a.packet.header.header().embedding.clone();
+    a.packet = packet(&a.key, 1_000_003, embedding, 0.5);
+    a.store.insert(&a.packet);
+    let lookup = |a: &mut Node, b: &mut Node, top_m: usize| {
+        let mut query =
+            PartnerQuery::new(a.packet.header.clone(), a.margins.clone(), Arc::new(spec()));
+        query.top_m = Some(top_m);
+        let a_peer = peer_of(&a.key);
+        run_lookup(
+            &mut a.core,
+            query,
+            &[(b.peer(), keys_b.clone())],
+            now,
+            |_, req| Ok(serve(b, a_peer, req, now)),
+        )
+        .0
+    };
+    // Partners to merge must be this round's: B's packet of two rounds ago is no candidate.
+    let merging = lookup(a, b, 2);
+    assert_eq!(merging.stats.headers_accepted, 1);
+    assert!(merging.candidates.is_empty());
+    assert!(merging.packets.is_empty());
+    // A search that fetches no body (the hub exchange's) meets B through it, once: B's header
+    // is its newest of the window (already indexed, so not accepted again).
+    let meeting = lookup(a, b, 0);
+    assert_eq!(meeting.candidates.len(), 1);
+    assert_eq!(meeting.candidates[0].header.id(), b.packet.id());
+    assert!(meeting.packets.is_empty());
+}

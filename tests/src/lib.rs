@@ -171,7 +171,7 @@ impl NodeProc {
         let child = Command::new(kindred_bin())
             .args(["run", "--data-dir"])
             .arg(&self.dir)
-            .env("RUST_LOG", "info,libp2p=warn")
+            .env("RUST_LOG", kindred_node::DEFAULT_LOG_FILTER)
             .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(log)

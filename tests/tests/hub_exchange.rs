@@ -26,6 +26,7 @@ fn eight_nodes_form_one_cohort_per_cluster_and_beat_local_training() {
     })
     .unwrap();
     demo::print(&report, true);
+    print_roles(dir.path());
     assert_eq!(report.exchange, "hub");
     assert_eq!(report.rounds, 20, "every node completed its rounds");
     for n in &report.per_node {
@@ -76,4 +77,51 @@ fn eight_nodes_form_one_cohort_per_cluster_and_beat_local_training() {
         report.wire_bytes_per_node_round_steady,
         report.bytes_allreduce
     );
+}
+
+/// Each node's role per round (`l` local, `H` hub, `m` member) and the merges it
+/// applied or made, from its summary: shown with a failure, to tell a node that never found its
+/// cohort from one whose merges were refused.
+fn print_roles(dir: &std::path::Path) {
+    let mut nodes: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.join("summary.json").exists())
+        .collect();
+    nodes.sort();
+    for node in nodes {
+        let text = std::fs::read_to_string(node.join("summary.json")).unwrap();
+        let summary: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let history = summary["history"].as_array().cloned().unwrap_or_default();
+        let field = |r: &serde_json::Value, k: &str| r["exchange"][k].clone();
+        let roles: String = history
+            .iter()
+            .map(|r| match field(r, "role").as_str() {
+                Some("hub") => 'H',
+                Some("member") => 'm',
+                Some("local") => 'l',
+                _ => '?',
+            })
+            .collect();
+        let merged = history
+            .iter()
+            .filter(|r| {
+                field(r, "applied").as_str() == Some("merge")
+                    || field(r, "merged").as_u64().unwrap_or(0) > 0
+            })
+            .count();
+        println!(
+            "{} {}: roles {roles}, {merged} rounds merged, refused {}, bans {}",
+            node.file_name().unwrap_or_default().to_string_lossy(),
+            summary["peer_id"].as_str().unwrap_or("?"),
+            history
+                .iter()
+                .map(|r| field(r, "refused").as_u64().unwrap_or(0))
+                .sum::<u64>(),
+            history
+                .iter()
+                .map(|r| field(r, "bans").as_u64().unwrap_or(0))
+                .sum::<u64>(),
+        );
+    }
 }

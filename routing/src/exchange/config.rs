@@ -48,10 +48,19 @@ pub struct ExchangeConfig {
     pub warmup_searches: u64,
     /// After those, a node that is its own hub searches every this many rounds, with
     /// [`ExchangeConfig::search_probes`] multi-probe keys. Default 10. A node that knows nobody
-    /// also searches in exchange rounds 4, 8, 16, ...: one miss of the warm-up's searches (the
-    /// band keys are a coin toss for a young model) must not leave it alone for `search_every`
-    /// rounds.
+    /// also searches in exchange round 4 and in the last round of every key window
+    /// ([`ExchangeConfig::key_window`]): one miss of the warm-up's searches (the band keys are a
+    /// coin toss for a young model) must not leave it alone for `search_every` rounds.
     pub search_every: u64,
+    /// Rounds per window of the semantic keys (the routing's `Discovery::every_rounds`; swarm
+    /// rounds `w·key_window .. (w+1)·key_window` share one): what is announced in a window is
+    /// found under its keys until the window ends. A node that knows nobody searches in the
+    /// last round of each window, when every announcement of the window is in: hubs announce
+    /// once per [`ExchangeConfig::search_every`] of *their* rounds, and nodes start their
+    /// rounds at different times, so a schedule counted in the node's own rounds (it searched
+    /// in exchange rounds 4, 8, 16) can miss its task's announcements window after window
+    /// (a node of a 16-node demo: all 18 exchange rounds). Default 10.
+    pub key_window: u64,
     /// Exchange rounds in a row a node that is its own hub and knew peers from the round's
     /// start takes no push before it pushes to its next rank for a round: views need not be
     /// symmetric (it found a cohort whose hub it outranks, the cohort never found it), and the
@@ -162,6 +171,7 @@ impl Default for ExchangeConfig {
             local_rounds: 2,
             warmup_searches: 3,
             search_every: 10,
+            key_window: 10,
             idle_rounds: 2,
             catch_up_after: 2,
             probes: 3,

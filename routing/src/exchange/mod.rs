@@ -19,8 +19,9 @@
 //! runs: round numbers are the swarm's (the node's are its wall clock's), so a node that joins
 //! late warms up like one that started with the swarm. Then, each round:
 //! 1. **Search.** A node that is its own hub searches its band keys in exchange rounds
-//!    `0..warmup_searches` and then every [`ExchangeConfig::search_every`] (and in rounds
-//!    4, 8, 16, ... while it knows nobody, and in the round after it lost every peer it knew);
+//!    `0..warmup_searches` and then every [`ExchangeConfig::search_every`] (and, while it
+//!    knows nobody, in exchange round 4 and the last round of every key window
+//!    ([`ExchangeConfig::key_window`]), and in the round after it lost every peer it knew);
 //!    while cohorts form ([`ExchangeConfig::candidate_rounds`]) only hub candidates ([`crate::is_hub_candidate`])
 //!    and nodes whose earlier search found nobody announce, the others look up only. While its
 //!    view is small after its first search (a small task, or a fragment of one) it looks up

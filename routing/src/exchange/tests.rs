@@ -782,13 +782,25 @@ fn fetches_from(asked: &[Output<u32, &'static str>], from: u32) -> bool {
 }
 
 #[test]
-fn a_node_that_knows_nobody_searches_in_the_warm_up_at_powers_of_two_and_every_search_every() {
-    let mut node = Node::new(1, 10, config());
-    assert_eq!((config().warmup_searches, config().search_every), (3, 10));
+fn a_node_that_knows_nobody_searches_in_the_warm_up_at_window_ends_and_every_search_every() {
+    let c = config();
+    assert_eq!(
+        (c.warmup_searches, c.search_every, c.key_window),
+        (3, 10, 10)
+    );
+    let mut node = Node::new(1, 10, c.clone());
     let searched: Vec<u64> = (0..33)
         .filter(|&round| searches(&idle_round(&mut node, round).0))
         .collect();
-    assert_eq!(searched, [0, 1, 2, 4, 8, 10, 16, 20, 30, 32]);
+    assert_eq!(searched, [0, 1, 2, 4, 9, 10, 19, 20, 29, 30]);
+    // Window ends are the swarm's rounds, not the node's: one that started at round 13
+    // searches at its exchange rounds 0-2 and 4, at the ends of windows (19, 29) and every
+    // `search_every` of its own rounds (23).
+    let mut late = Node::new(1, 10, c).with_first_round(13);
+    let searched: Vec<u64> = (13..33)
+        .filter(|&round| searches(&idle_round(&mut late, round).0))
+        .collect();
+    assert_eq!(searched, [13, 14, 15, 17, 19, 23, 29]);
 }
 
 #[test]

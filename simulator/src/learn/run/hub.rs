@@ -13,7 +13,11 @@
 //!   [`RpcResponse::Snapshot`]), and lost with probability [`Faults::msg_loss`]. A node that is
 //!   down receives nothing.
 //! - **Searches** of a round run together in the routing model ([`Overlay`]); each provider
-//!   found is asked for its header (which names the provider's hub).
+//!   found is asked for its header (which names the provider's hub). The model keeps a
+//!   round's announcements for that round only, where a real node's lookups also find those
+//!   of earlier rounds of the key window: virtual nodes start together, so their searches
+//!   fall in the same rounds, and the difference shows only for a node that knows nobody
+//!   after the warm-up (it searches at window ends, [`ExchangeConfig::key_window`]).
 //! - **Compute** ([`Output::Merge`], [`Output::CheckMerge`], [`Output::CheckModel`]) runs in
 //!   parallel batches: every request made at one virtual instant, then each answer
 //!   [`COMPUTE_MS`] later. A hub merges as a node merges (`kindred_distill::synthesize`) and
