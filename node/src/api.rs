@@ -60,7 +60,7 @@ use tokio::sync::{Semaphore, mpsc, watch};
 
 use crate::engine::ExternalUpdate;
 use crate::metrics::NodeMetrics;
-use crate::update_stream::UpdateDecoder;
+use crate::update_stream::{UpdateDecoder, UpdateError};
 
 /// Largest accepted update body (bytes), whatever the model: 1 GiB, 256M f32 parameters.
 /// [`update_body_cap`] is the (smaller) cap for a given model.
@@ -506,8 +506,8 @@ enum BodyError {
     TooLarge(usize),
     #[error("reading the update body: {0}")]
     Read(axum::Error),
-    #[error("{0}")]
-    Invalid(String),
+    #[error(transparent)]
+    Invalid(UpdateError),
 }
 
 /// Read `body` into the update as it arrives ([`UpdateDecoder`]: the update is the only copy),
@@ -591,7 +591,9 @@ async fn update(
             return refuse(StatusCode::PAYLOAD_TOO_LARGE, e.to_string());
         }
         Ok(Err(e @ BodyError::Read(_))) => return refuse(StatusCode::BAD_REQUEST, e.to_string()),
-        Ok(Err(BodyError::Invalid(e))) => return refuse(StatusCode::UNPROCESSABLE_ENTITY, e),
+        Ok(Err(BodyError::Invalid(e))) => {
+            return refuse(StatusCode::UNPROCESSABLE_ENTITY, e.to_string());
+        }
         Err(_) => {
             return refuse(
                 StatusCode::REQUEST_TIMEOUT,
@@ -643,8 +645,8 @@ async fn merged(State(api): State<Arc<Api>>, Query(q): Query<MergedParams>) -> R
 /// ([`crate::update_stream::UpdateDecoder`]); this is that decoder fed one whole file.
 ///
 /// # Errors
-/// A message naming the first mismatch.
-pub fn update_from_safetensors(bytes: &[u8], spec: &ModelSpec) -> Result<Vec<f32>, String> {
+/// [`UpdateError`] naming the first mismatch.
+pub fn update_from_safetensors(bytes: &[u8], spec: &ModelSpec) -> Result<Vec<f32>, UpdateError> {
     let mut decoder = UpdateDecoder::new(spec, update_header_cap(spec));
     decoder.feed(bytes)?;
     decoder.finish()
@@ -966,6 +968,7 @@ mod tests {
         assert!(
             update_from_safetensors(&bytes, &other)
                 .unwrap_err()
+                .to_string()
                 .contains("fc1.weight")
         );
         let mut big = update.clone();
@@ -974,18 +977,16 @@ mod tests {
         assert_eq!(update_from_safetensors(&bytes, &spec).unwrap(), big);
         big[5] = 1.000_001e6;
         let bytes = update_to_safetensors(&big, &spec).unwrap();
-        assert!(
-            update_from_safetensors(&bytes, &spec)
-                .unwrap_err()
-                .contains("over the bound")
-        );
+        assert!(matches!(
+            update_from_safetensors(&bytes, &spec),
+            Err(UpdateError::OutOfBounds { .. })
+        ));
         let mut nan = update;
         nan[5] = f32::NAN;
         let bytes = update_to_safetensors(&nan, &spec).unwrap();
-        assert!(
-            update_from_safetensors(&bytes, &spec)
-                .unwrap_err()
-                .contains("NaN")
-        );
+        assert!(matches!(
+            update_from_safetensors(&bytes, &spec),
+            Err(UpdateError::NotFinite { .. })
+        ));
     }
 }

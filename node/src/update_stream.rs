@@ -15,6 +15,87 @@ use serde::Deserialize;
 
 use crate::api::MAX_ABS_UPDATE_VALUE;
 
+/// Why an uploaded update was refused. Its message is what the API answers (422).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum UpdateError {
+    /// The header length is over what this model's update can need.
+    #[error(
+        "not a safetensors file: a header of {len} bytes is over the limit of {limit} for this model"
+    )]
+    HeaderTooLarge {
+        /// The length the file claims.
+        len: u64,
+        /// The most this model's update needs.
+        limit: usize,
+    },
+    /// The header is not a safetensors JSON header.
+    #[error("not a safetensors file: {0}")]
+    Header(String),
+    /// Not one tensor per layer of the model.
+    #[error("{found} tensors, the model has {expected} layers")]
+    TensorCount {
+        /// Tensors in the file.
+        found: usize,
+        /// Layers of the model.
+        expected: usize,
+    },
+    /// A layer of the model has no tensor.
+    #[error("tensor `{0}` is missing")]
+    Missing(String),
+    /// A tensor is not f32 or not its layer's shape.
+    #[error("tensor `{name}` is {dtype} {shape:?}, expected F32 {expected:?}")]
+    Mismatch {
+        /// The tensor.
+        name: String,
+        /// Its dtype in the file.
+        dtype: String,
+        /// Its shape in the file.
+        shape: Vec<u64>,
+        /// Its layer's shape.
+        expected: Vec<u64>,
+    },
+    /// A tensor's data offsets do not span its values.
+    #[error(
+        "not a safetensors file: tensor `{name}` has data offsets {begin}..{end} for {values} values"
+    )]
+    Offsets {
+        /// The tensor.
+        name: String,
+        /// Its first data byte.
+        begin: u64,
+        /// Past its last data byte.
+        end: u64,
+        /// Values in its layer.
+        values: u64,
+    },
+    /// The tensors' data overlap or leave gaps.
+    #[error("not a safetensors file: tensor data overlap or leave gaps")]
+    Tiling,
+    /// A value is over [`MAX_ABS_UPDATE_VALUE`] in magnitude.
+    #[error(
+        "tensor `{name}` holds {value:e}, over the bound of {MAX_ABS_UPDATE_VALUE:e} on an update value"
+    )]
+    OutOfBounds {
+        /// The tensor.
+        name: String,
+        /// The value.
+        value: f32,
+    },
+    /// A value is NaN or infinite.
+    #[error("tensor `{name}` holds NaN or infinity")]
+    NotFinite {
+        /// The tensor.
+        name: String,
+    },
+    /// Bytes after the last tensor's data.
+    #[error("not a safetensors file: bytes past the end of its data")]
+    PastEnd,
+    /// The file ended before its last tensor's data.
+    #[error("not a safetensors file: it ends early")]
+    EndsEarly,
+}
+
 /// One tensor's entry in a safetensors header.
 #[derive(Deserialize)]
 struct Entry {
@@ -89,7 +170,7 @@ impl<'a> UpdateDecoder<'a> {
     /// A message naming the first problem (a bad header, a tensor that does not match the
     /// spec, a value that is not finite or is out of bounds, bytes past the end); the decoder
     /// is of no further use then.
-    pub fn feed(&mut self, mut bytes: &[u8]) -> Result<(), String> {
+    pub fn feed(&mut self, mut bytes: &[u8]) -> Result<(), UpdateError> {
         while !bytes.is_empty() {
             match self.phase {
                 Phase::Length => {
@@ -98,16 +179,13 @@ impl<'a> UpdateDecoder<'a> {
                     self.pending.extend_from_slice(head);
                     bytes = rest;
                     if let Ok(len) = <[u8; 8]>::try_from(self.pending.as_slice()) {
-                        let n = u64::from_le_bytes(len);
-                        let n = usize::try_from(n)
+                        let len = u64::from_le_bytes(len);
+                        let n = usize::try_from(len)
                             .ok()
                             .filter(|&n| n <= self.max_header)
-                            .ok_or_else(|| {
-                                format!(
-                                    "not a safetensors file: a header of {n} bytes is over the \
-                                     limit of {} for this model",
-                                    self.max_header
-                                )
+                            .ok_or(UpdateError::HeaderTooLarge {
+                                len,
+                                limit: self.max_header,
                             })?;
                         self.pending.clear();
                         self.pending.reserve_exact(n);
@@ -129,7 +207,7 @@ impl<'a> UpdateDecoder<'a> {
                 Phase::Data { .. } => {
                     let used = self.data(bytes)?;
                     if used == 0 {
-                        return Err("not a safetensors file: bytes past the end of its data".into());
+                        return Err(UpdateError::PastEnd);
                     }
                     bytes = bytes.get(used..).unwrap_or_default();
                 }
@@ -141,56 +219,54 @@ impl<'a> UpdateDecoder<'a> {
     /// The update, flat in spec order, once the whole file was fed.
     ///
     /// # Errors
-    /// When the file ended early.
-    pub fn finish(self) -> Result<Vec<f32>, String> {
+    /// [`UpdateError::EndsEarly`] when the file ended before its last tensor's data.
+    pub fn finish(self) -> Result<Vec<f32>, UpdateError> {
         match self.phase {
             Phase::Data { seg, .. } if seg == self.segments.len() && self.pending.is_empty() => {
                 Ok(self.out)
             }
-            _ => Err("not a safetensors file: it ends early".into()),
+            _ => Err(UpdateError::EndsEarly),
         }
     }
 
     /// Parse and check the header held in `pending`; lay out the data.
-    fn start_data(&mut self) -> Result<(), String> {
+    fn start_data(&mut self) -> Result<(), UpdateError> {
         let header = std::mem::take(&mut self.pending);
         let mut map: BTreeMap<String, serde_json::Value> =
-            serde_json::from_slice(&header).map_err(|e| format!("not a safetensors file: {e}"))?;
+            serde_json::from_slice(&header).map_err(|e| UpdateError::Header(e.to_string()))?;
         map.remove("__metadata__");
         let layers = self.spec.layers();
         if map.len() != layers.len() {
-            return Err(format!(
-                "{} tensors, the model has {} layers",
-                map.len(),
-                layers.len()
-            ));
+            return Err(UpdateError::TensorCount {
+                found: map.len(),
+                expected: layers.len(),
+            });
         }
         let mut segments = Vec::with_capacity(layers.len());
         let mut out = 0usize;
         for (index, layer) in layers.iter().enumerate() {
             let value = map
                 .remove(layer.name())
-                .ok_or_else(|| format!("tensor `{}` is missing", layer.name()))?;
+                .ok_or_else(|| UpdateError::Missing(layer.name().to_owned()))?;
             let e: Entry = serde_json::from_value(value)
-                .map_err(|e| format!("not a safetensors file: tensor `{}`: {e}", layer.name()))?;
+                .map_err(|e| UpdateError::Header(format!("tensor `{}`: {e}", layer.name())))?;
             let shape: Vec<u64> = layer.shape().iter().map(|&d| u64::from(d)).collect();
             if e.dtype != "F32" || e.shape != shape {
-                return Err(format!(
-                    "tensor `{}` is {} {:?}, expected F32 {:?}",
-                    layer.name(),
-                    e.dtype,
-                    e.shape,
-                    shape
-                ));
+                return Err(UpdateError::Mismatch {
+                    name: layer.name().to_owned(),
+                    dtype: e.dtype,
+                    shape: e.shape,
+                    expected: shape,
+                });
             }
             let (begin, end) = e.data_offsets;
             if end.checked_sub(begin) != Some(layer.numel() * 4) {
-                return Err(format!(
-                    "not a safetensors file: tensor `{}` has data offsets {begin}..{end} for \
-                     {} values",
-                    layer.name(),
-                    layer.numel()
-                ));
+                return Err(UpdateError::Offsets {
+                    name: layer.name().to_owned(),
+                    begin,
+                    end,
+                    values: layer.numel(),
+                });
             }
             segments.push(Segment {
                 begin,
@@ -205,7 +281,7 @@ impl<'a> UpdateDecoder<'a> {
         let mut at = 0u64;
         for s in &segments {
             if s.begin != at {
-                return Err("not a safetensors file: tensor data overlap or leave gaps".into());
+                return Err(UpdateError::Tiling);
             }
             at = s.end;
         }
@@ -226,12 +302,12 @@ impl<'a> UpdateDecoder<'a> {
     }
 
     /// Convert tensor data from `bytes`; returns how many bytes were used.
-    fn data(&mut self, bytes: &[u8]) -> Result<usize, String> {
+    fn data(&mut self, bytes: &[u8]) -> Result<usize, UpdateError> {
         let Phase::Data { pos, seg } = &mut self.phase else {
             return Ok(0);
         };
         let Some(s) = self.segments.get(*seg).copied() else {
-            return Err("not a safetensors file: bytes past the end of its data".into());
+            return Err(UpdateError::PastEnd);
         };
         // `pos` counts the bytes of values written; a value split between pieces waits in
         // `pending`. Only this segment's bytes are taken from this piece.
@@ -276,21 +352,22 @@ fn write(
     bytes: &[u8],
     spec: &ModelSpec,
     layer: usize,
-) -> Result<(), String> {
+) -> Result<(), UpdateError> {
     let Some(dst) = out.get_mut(at..at + bytes.len() / 4) else {
-        return Err("not a safetensors file: data past its tensors".into());
+        return Err(UpdateError::PastEnd);
     };
     for (slot, b) in dst.iter_mut().zip(bytes.chunks_exact(4)) {
         let v = b.try_into().map_or(f32::NAN, f32::from_le_bytes);
         if !v.is_finite() || v.abs() > MAX_ABS_UPDATE_VALUE {
-            let name = spec.layers().get(layer).map_or("?", |l| l.name());
+            let name = spec
+                .layers()
+                .get(layer)
+                .map_or("?", |l| l.name())
+                .to_owned();
             return Err(if v.is_finite() {
-                format!(
-                    "tensor `{name}` holds {v:e}, over the bound of {MAX_ABS_UPDATE_VALUE:e} on \
-                     an update value"
-                )
+                UpdateError::OutOfBounds { name, value: v }
             } else {
-                format!("tensor `{name}` holds NaN or infinity")
+                UpdateError::NotFinite { name }
             });
         }
         *slot = v;
@@ -314,7 +391,11 @@ mod tests {
         .unwrap()
     }
 
-    fn decode_in_pieces(file: &[u8], spec: &ModelSpec, piece: usize) -> Result<Vec<f32>, String> {
+    fn decode_in_pieces(
+        file: &[u8],
+        spec: &ModelSpec,
+        piece: usize,
+    ) -> Result<Vec<f32>, UpdateError> {
         let mut d = UpdateDecoder::new(spec, update_header_cap(spec));
         for p in file.chunks(piece) {
             d.feed(p)?;
@@ -355,16 +436,24 @@ mod tests {
             let n = nan.len();
             nan[n - 4..].copy_from_slice(&f32::NAN.to_le_bytes());
             let e = decode_in_pieces(&nan, &spec, piece).unwrap_err();
-            assert!(e.contains("NaN"), "{e}");
+            assert!(matches!(e, UpdateError::NotFinite { .. }));
+            assert!(e.to_string().contains("NaN"), "{e}");
             let mut huge = file.clone();
             huge[n - 4..].copy_from_slice(&3.0e6f32.to_le_bytes());
             let e = decode_in_pieces(&huge, &spec, piece).unwrap_err();
-            assert!(e.contains("over the bound"), "{e}");
+            assert!(matches!(e, UpdateError::OutOfBounds { value, .. } if value == 3.0e6));
+            assert!(e.to_string().contains("over the bound"), "{e}");
         }
         // A header length past the limit is refused before anything is buffered.
         let mut d = UpdateDecoder::new(&spec, 100);
         let e = d.feed(&(1u64 << 40).to_le_bytes()).unwrap_err();
-        assert!(e.contains("over the limit"), "{e}");
+        assert_eq!(
+            e,
+            UpdateError::HeaderTooLarge {
+                len: 1 << 40,
+                limit: 100
+            }
+        );
     }
 
     #[test]
@@ -398,30 +487,60 @@ mod tests {
         }
     }
 
-    #[test]
-    fn mangled_files_in_random_pieces_never_panic() {
-        use rand::{Rng, SeedableRng};
-        let spec = spec();
-        let update: Vec<f32> = (0..spec.numel()).map(|i| i as f32).collect();
-        let file = update_to_safetensors(&update, &spec).unwrap();
-        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-        let mut decoded = 0;
-        for _ in 0..3000 {
-            let mut f = file.clone();
-            for _ in 0..rng.random_range(1..4) {
-                let at = rng.random_range(0..f.len());
-                f[at] = rng.random();
-            }
-            if rng.random_bool(0.2) {
-                f.truncate(rng.random_range(0..f.len()));
-            }
-            let piece = rng.random_range(1..64);
-            if let Ok(u) = decode_in_pieces(&f, &spec, piece) {
-                assert_eq!(u.len(), update.len());
-                decoded += 1;
+    /// A valid file of [`spec`] with these values, mangled: `flips` (position, byte) pairs
+    /// written over it, then cut to `keep` of its length (per mille) when `cut`.
+    fn mangled(values: &[f32], flips: &[(usize, u8)], cut: Option<u16>) -> Vec<u8> {
+        let mut f = update_to_safetensors(values, &spec()).unwrap();
+        for &(at, byte) in flips {
+            let n = f.len();
+            f[at % n] = byte;
+        }
+        if let Some(keep) = cut {
+            f.truncate(f.len() * usize::from(keep) / 1000);
+        }
+        f
+    }
+
+    proptest::proptest! {
+        /// Whatever the pieces, a valid file decodes to its values.
+        #[test]
+        fn valid_files_decode_in_any_pieces(
+            values in proptest::collection::vec(-1.0e6f32..1.0e6, 54),
+            piece in 1usize..200,
+        ) {
+            let file = update_to_safetensors(&values, &spec()).unwrap();
+            proptest::prop_assert_eq!(decode_in_pieces(&file, &spec(), piece).unwrap(), values);
+        }
+
+        /// Mangled or cut files never panic, and whatever the pieces they get the same answer:
+        /// what one whole feed gets.
+        #[test]
+        fn mangled_files_get_one_answer_whatever_the_pieces(
+            values in proptest::collection::vec(-10.0f32..10.0, 54),
+            flips in proptest::collection::vec((0usize..4096, proptest::num::u8::ANY), 0..4),
+            cut in proptest::option::of(0u16..1000),
+            piece in 1usize..64,
+        ) {
+            let f = mangled(&values, &flips, cut);
+            let whole = decode_in_pieces(&f, &spec(), f.len().max(1));
+            let pieces = decode_in_pieces(&f, &spec(), piece);
+            proptest::prop_assert_eq!(&pieces, &whole);
+            if let Ok(u) = pieces {
+                proptest::prop_assert_eq!(u.len(), values.len());
+                proptest::prop_assert!(u.iter().all(|v| v.is_finite()));
             }
         }
-        // Flips in tensor data (most of the file) mostly leave a valid, different update.
-        assert!(decoded > 0);
+
+        /// Arbitrary bytes, whatever header length they claim, are refused or decoded without
+        /// a panic, and nothing larger than the model's update is allocated.
+        #[test]
+        fn arbitrary_bytes_never_panic(
+            bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..600),
+            piece in 1usize..64,
+        ) {
+            if let Ok(u) = decode_in_pieces(&bytes, &spec(), piece) {
+                proptest::prop_assert_eq!(u.len(), 54);
+            }
+        }
     }
 }
