@@ -28,11 +28,11 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
         };
         // Nodes that are their own hub search: two cohorts of one task that found no peer of
         // each other merge when one's hub meets the other's. A node that knows nobody also
-        // searches in exchange round 4, once more soon after the warm-up, and in the last
-        // round of every key window, when the window's announcements are all in (members do
-        // not announce: a search finds hubs, which announce once per `search_every`), and at
-        // once in the round after it lost every peer it knew (it refused a lying hub). While
-        // cohorts form, only hub candidates announce.
+        // searches once soon after the warm-up (exchange round 4), in the last round of every
+        // key window, when the window's announcements are all in (members do not announce: a
+        // search finds hubs, which announce once per `search_every` of their rounds), and in
+        // the round after it lost every peer it knew (it refused a lying hub). While cohorts
+        // form, only hub candidates announce.
         let every = cfg.search_every.max(1);
         let window_ends = (round + 1).is_multiple_of(cfg.key_window.max(1));
         let scheduled = x < cfg.warmup_searches
