@@ -671,7 +671,8 @@ pub fn update_to_safetensors(update: &[f32], spec: &ModelSpec) -> Result<Vec<u8>
             spec.numel()
         ));
     }
-    let bytes: Vec<u8> = update.iter().flat_map(|v| v.to_le_bytes()).collect();
+    // The update's own memory (little-endian targets): no model-sized copy besides the file.
+    let bytes = kindred_distill::f32_le_bytes(update);
     let mut views = Vec::with_capacity(spec.layers().len());
     let mut offset = 0;
     for layer in spec.layers() {

@@ -557,7 +557,7 @@ fn fetch_merge(
 /// between two nodes' updates of a round, 0.67 a round apart), each layer at its own scale.
 /// The task's part is what makes a real task's updates alike from one step to the next: with
 /// directions drawn afresh each round, a node whose uploads landed a round off the others'
-/// shared nothing with them, and stayed alone (2 of 6 runs of `--seed 3` at 10^6).
+/// shared nothing with them, and stayed alone (3 of 7 runs of `--seed 3` at 10^6).
 struct SyntheticUpdate {
     header: Vec<u8>,
     /// `(elements, scale)` per layer, in file order.
