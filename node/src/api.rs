@@ -280,6 +280,28 @@ pub struct Status {
     /// Bytes received since start by protocol.
     #[serde(default)]
     pub wire_received_by_protocol: BTreeMap<String, u64>,
+    /// Relays this node holds a reservation with (it is behind NAT: peers reach it through
+    /// them to punch a hole).
+    #[serde(default)]
+    pub relays: Vec<String>,
+    /// Peers with a direct connection open now (not through a relay), with the RPC bytes
+    /// exchanged with each since start (packets and the hub exchange run on direct connections
+    /// only).
+    #[serde(default)]
+    pub direct_peers: BTreeMap<String, u64>,
+    /// Connections through relays open now.
+    #[serde(default)]
+    pub relayed_connections: u64,
+    /// RPC bytes (both directions) that crossed a relayed connection since start: 0, as
+    /// packets and the hub exchange wait for a direct connection.
+    #[serde(default)]
+    pub relayed_rpc_bytes: u64,
+    /// Hole punches that opened a direct connection since start.
+    #[serde(default)]
+    pub hole_punches: u64,
+    /// Relay reservations granted to this node since start (renewals not counted).
+    #[serde(default)]
+    pub relay_reservations: u64,
     /// Completed rounds of this run, oldest first (at most the last 1,000).
     pub history: Vec<RoundRecord>,
 }

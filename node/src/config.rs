@@ -210,6 +210,9 @@ pub struct NodeConfig {
     /// Ask the local network's gateway (UPnP) to forward the listen ports to this host.
     /// Default false.
     pub upnp: bool,
+    /// Serve relay v2 reservations and circuits to peers behind NAT, so they can be reached
+    /// for hole punching (a public node). Default false.
+    pub relay_server: bool,
     /// Address of the local HTTP API (status, metrics, external trainer). Loopback by default.
     pub api: Option<SocketAddr>,
     /// Target length of one round, seconds.
@@ -257,6 +260,7 @@ impl Default for NodeConfig {
             bootstrap: Vec::new(),
             swarm_key: None,
             upnp: false,
+            relay_server: false,
             api: Some(SocketAddr::from(([127, 0, 0, 1], 7070))),
             round_secs: 10.0,
             rounds: None,

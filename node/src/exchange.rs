@@ -47,7 +47,7 @@ use kindred_routing::exchange::{
 };
 use kindred_routing::{
     ExchangeCall, ExchangeError, ExchangeReply, HubAnswer, InboundCall, InboundExchange,
-    PartnerQuery, PushedPacket, RoutingHandle, SnapshotError, hub_rank_at,
+    PartnerQuery, PushedPacket, RoutingHandle, SnapshotError, hub_rank_at, relay_only_rank,
 };
 use libp2p::PeerId;
 use serde::{Deserialize, Serialize};
@@ -244,6 +244,9 @@ pub struct HubDriver {
     search_margin: u64,
     finished: Option<RoundReport<PeerId, Handle>>,
     stats: HubRoundStats,
+    /// Peers that others cannot dial (this node too, when it is one), as the routing task
+    /// last said: ranked after every dialable peer ([`relay_only_rank`]).
+    relay_only: HashSet<PeerId>,
 }
 
 impl HubDriver {
@@ -301,6 +304,7 @@ impl HubDriver {
             search_margin: 0,
             finished: None,
             stats: HubRoundStats::default(),
+            relay_only: HashSet::new(),
         })
     }
 
@@ -324,8 +328,11 @@ impl HubDriver {
         self.search_after = start_ms + (round_ms as f64 * SEARCH_AFTER) as u64;
         self.search_margin = (round_ms as f64 * SEARCH_MARGIN) as u64;
         let window = self.core.window_of(round);
-        if window != self.core.rank_window() {
-            self.core.rerank(window, |p| rank(p, window));
+        let reach_changed = self.refresh_reachability().await;
+        if window != self.core.rank_window() || reach_changed {
+            let relay_only = &self.relay_only;
+            self.core
+                .rerank(window, |p| reachable_rank(p, window, relay_only));
         }
         // Blobs of past rounds are not asked for again (the core drops their tickets).
         self.blobs.clear();
@@ -469,7 +476,42 @@ impl HubDriver {
     }
 
     fn rank(&self, peer: &PeerId) -> u64 {
-        rank(peer, self.core.rank_window())
+        reachable_rank(peer, self.core.rank_window(), &self.relay_only)
+    }
+
+    /// Ask the routing task which peers others cannot dial (this node too: while AutoNAT
+    /// says it is private, while it holds a relay reservation, and before AutoNAT's first
+    /// verdict if none of its addresses looks dialable); whether that changed.
+    async fn refresh_reachability(&mut self) -> bool {
+        use kindred_routing::reachability::NatStatus;
+        let Some(info) = self.routing.info().await else {
+            return false;
+        };
+        let mut relay_only: HashSet<PeerId> = info.relay_only.into_iter().collect();
+        let dialable_addr = info
+            .external_addrs
+            .iter()
+            .any(|a| !kindred_routing::direct_only::is_relayed(a));
+        let unreachable = match info.reachability {
+            NatStatus::Private => true,
+            NatStatus::Unknown => !dialable_addr,
+            NatStatus::Public => false,
+        };
+        let dialable = !unreachable && info.relays.is_empty();
+        self.core.set_dialable(dialable);
+        if !dialable {
+            relay_only.insert(self.own);
+        }
+        if relay_only == self.relay_only {
+            return false;
+        }
+        tracing::debug!(
+            peers = relay_only.len(),
+            own = relay_only.contains(&self.own),
+            "exchange: peers behind NAT rank after every dialable one"
+        );
+        self.relay_only = relay_only;
+        true
     }
 
     /// Carry out every output the core has.
@@ -1279,6 +1321,16 @@ mod adversary {
 }
 
 /// A peer's rank in rank window `window`.
+/// `peer`'s rank in `window`, after every dialable peer's if it is in `relay_only`.
+fn reachable_rank(peer: &PeerId, window: u64, relay_only: &HashSet<PeerId>) -> u64 {
+    let r = rank(peer, window);
+    if relay_only.contains(peer) {
+        relay_only_rank(r)
+    } else {
+        r
+    }
+}
+
 fn rank(peer: &PeerId, window: u64) -> u64 {
     hub_rank_at(&peer.to_bytes(), window)
 }

@@ -72,6 +72,10 @@ struct Overrides {
     /// `--upnp=false`).
     #[arg(long, env = "KINDRED_UPNP", num_args = 0..=1, default_missing_value = "true")]
     upnp: Option<bool>,
+    /// Serve relay v2 reservations to peers behind NAT (a public node; `--relay-server` or
+    /// `--relay-server=false`). Circuits carry hole punching only, never exchange data.
+    #[arg(long, env = "KINDRED_RELAY_SERVER", num_args = 0..=1, default_missing_value = "true")]
+    relay_server: Option<bool>,
     /// Local API address (status, metrics, external trainer).
     #[arg(long, env = "KINDRED_API")]
     api: Option<SocketAddr>,
@@ -139,6 +143,7 @@ impl Overrides {
             c.swarm_key = self.swarm_key;
         }
         set(&mut c.upnp, self.upnp);
+        set(&mut c.relay_server, self.relay_server);
         if self.api.is_some() {
             c.api = self.api;
         }

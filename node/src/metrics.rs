@@ -18,7 +18,7 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use std::sync::atomic::{AtomicI64, AtomicU64};
@@ -378,19 +378,35 @@ impl Collector for RoutingSnapshot {
             ConstCounter::new(value).encode(family.encode_family(&[("direction", direction)])?)?;
         }
 
-        let counter = ConstCounter::new(0u64);
-        let mut family = encoder.encode_descriptor(
+        encode_by_protocol(
+            &mut encoder,
             "wire_protocol_bytes",
-            "Bytes over all connections by protocol (kademlia, rpc, identify, ping, autonat, other) and \
-             direction",
-            None,
-            counter.metric_type(),
+            "Bytes over all connections by protocol (kademlia, rpc, identify, ping, autonat, \
+             relay, dcutr, other) and direction",
+            &m.wire,
         )?;
-        for (protocol, bytes_in, bytes_out) in m.wire.by_protocol() {
-            for (direction, value) in [("in", bytes_in), ("out", bytes_out)] {
-                let labels = [("protocol", protocol.label()), ("direction", direction)];
-                ConstCounter::new(value).encode(family.encode_family(&labels)?)?;
-            }
+        encode_by_protocol(
+            &mut encoder,
+            "relayed_protocol_bytes",
+            "Bytes inside connections through relays by protocol and direction (rpc stays 0: \
+             exchange traffic waits for a direct connection); they cross the relay connection \
+             too, counted there under wire_protocol_bytes{protocol=\"relay\"}",
+            &m.relayed_wire,
+        )?;
+
+        let gauge = ConstGauge::new(0i64);
+        let mut family = encoder.encode_descriptor(
+            "connections",
+            "Connections open now, by type (direct, relayed)",
+            None,
+            gauge.metric_type(),
+        )?;
+        for (kind, n) in [
+            ("direct", m.connections_direct),
+            ("relayed", m.connections_relayed),
+        ] {
+            ConstGauge::new(i64::try_from(n).unwrap_or(i64::MAX))
+                .encode(family.encode_family(&[("type", kind)])?)?;
         }
 
         let counter = ConstCounter::new(0u64);
@@ -438,12 +454,45 @@ impl Collector for RoutingSnapshot {
                 m.headers_accepted,
             ),
             ("bodies_accepted", "Peer bodies verified", m.bodies_accepted),
+            (
+                "relay_reservations",
+                "Relay reservations granted to this node (renewals not counted)",
+                m.relay_reservations,
+            ),
+            (
+                "hole_punches",
+                "Hole punches that opened a direct connection",
+                m.hole_punches,
+            ),
+            (
+                "hole_punch_failures",
+                "Hole punches that failed after every attempt",
+                m.hole_punch_failures,
+            ),
         ] {
             let c = ConstCounter::new(value);
             c.encode(encoder.encode_descriptor(name, help, None, c.metric_type())?)?;
         }
         Ok(())
     }
+}
+
+/// One counter family of `bytes` by protocol and direction.
+fn encode_by_protocol(
+    encoder: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    bytes: &kindred_routing::wire::WireBytes,
+) -> Result<(), std::fmt::Error> {
+    let counter = ConstCounter::new(0u64);
+    let mut family = encoder.encode_descriptor(name, help, None, counter.metric_type())?;
+    for (protocol, bytes_in, bytes_out) in bytes.by_protocol() {
+        for (direction, value) in [("in", bytes_in), ("out", bytes_out)] {
+            let labels = [("protocol", protocol.label()), ("direction", direction)];
+            ConstCounter::new(value).encode(family.encode_family(&labels)?)?;
+        }
+    }
+    Ok(())
 }
 
 /// CPU time of each thread of this process (Linux: the scheduler's nanosecond counters in
@@ -606,6 +655,9 @@ mod tests {
             kad_server: true,
             external_addrs: vec!["/ip4/127.0.0.1/tcp/4001".parse().unwrap()],
             reachability: NatStatus::Public,
+            relays: Vec::new(),
+            direct: Vec::new(),
+            relay_only: Vec::new(),
         };
         m.set_reachability(&info);
         let text = m.render();

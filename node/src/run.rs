@@ -146,6 +146,9 @@ pub async fn run(
         .context("listen address")?;
     routing_config.transport.listen_addrs_are_external = true;
     routing_config.transport.upnp = config.upnp;
+    routing_config.transport.relay_server = config
+        .relay_server
+        .then(kindred_routing::RelayServerConfig::default);
     if let Some(path) = &config.swarm_key {
         routing_config.transport.swarm_key = Some(read_swarm_key(path)?);
         // pnet wraps TCP only: a private swarm skips QUIC listen addresses (the default has one).
@@ -783,6 +786,7 @@ fn update_status(
             s.connected = i.connected.len();
             s.reachability = i.reachability;
             s.banned = i.banned.len();
+            s.relays = i.relays.iter().map(ToString::to_string).collect();
         }
         if let Some(rm) = routing_metrics {
             s.rejects = rm
@@ -795,6 +799,23 @@ fn update_status(
                 peers.fold((0, 0), |(o, i), p| (o + p.bytes_out, i + p.bytes_in));
             (s.wire_bytes_sent, s.wire_bytes_received) = (rm.wire_bytes_out, rm.wire_bytes_in);
             (s.wire_received_by_protocol, s.wire_sent_by_protocol) = by_protocol(&rm.wire);
+            s.relayed_connections = rm.connections_relayed;
+            let (rpc_in, rpc_out) = rm
+                .relayed_wire
+                .get(kindred_routing::wire::WireProtocol::Rpc);
+            s.relayed_rpc_bytes = rpc_in + rpc_out;
+            s.hole_punches = rm.hole_punches;
+            s.relay_reservations = rm.relay_reservations;
+        }
+        if let (Some(i), Some(rm)) = (info, routing_metrics) {
+            s.direct_peers = i
+                .direct
+                .iter()
+                .map(|p| {
+                    let t = rm.peers.get(p).copied().unwrap_or_default();
+                    (p.to_string(), t.bytes_in + t.bytes_out)
+                })
+                .collect();
         }
         s.history.push(record);
         if s.history.len() > MAX_HISTORY {

@@ -59,6 +59,14 @@ impl AddrBook {
         }
     }
 
+    /// Peers whose every address noted goes through a relay: behind NAT.
+    pub(crate) fn relay_only(&self) -> impl Iterator<Item = PeerId> + '_ {
+        self.addrs
+            .iter()
+            .filter(|(_, addrs)| addrs.iter().all(crate::direct_only::is_relayed))
+            .map(|(p, _)| *p)
+    }
+
     /// The addresses noted for `peer` (empty if none).
     pub(crate) fn get(&self, peer: &PeerId) -> &[Multiaddr] {
         self.addrs.get(peer).map_or(&[], Vec::as_slice)

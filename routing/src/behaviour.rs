@@ -1,7 +1,9 @@
 //! The composed libp2p `NetworkBehaviour`: identity gate, ban list, connection limits,
 //! Kademlia, identify, ping, AutoNAT (v1, client and server, [`crate::reachability`]), UPnP port
-//! mapping when asked for ([`crate::TransportConfig::upnp`]), and the header/body
-//! request-response protocol.
+//! mapping when asked for ([`crate::TransportConfig::upnp`]), relay v2 (a client in every node,
+//! a server when asked for: [`crate::TransportConfig::relay_server`]), DCUtR hole punching, and
+//! the header/body/exchange request-response protocol on direct connections only
+//! ([`crate::direct_only`]).
 //!
 //! Order matters: the identity gate ([`crate::identity_gate`]: weak, non-canonical or
 //! non-ed25519 identity keys, which the Noise handshake lets through), the ban list and the limits
@@ -17,12 +19,13 @@ use libp2p::kad::store::{MemoryStore, MemoryStoreConfig};
 use libp2p::swarm::NetworkBehaviour;
 use libp2p::swarm::behaviour::toggle::Toggle;
 use libp2p::{
-    StreamProtocol, allow_block_list, connection_limits, identify, kad, ping, request_response,
-    upnp,
+    StreamProtocol, allow_block_list, connection_limits, dcutr, identify, kad, ping, relay,
+    request_response, upnp,
 };
 
 use crate::codec::{RPC_PROTOCOL, RpcCodec, WireRequest};
-use crate::config::{ConnectionConfig, KadConfig, KadMode, RoutingConfig};
+use crate::config::{ConnectionConfig, KadConfig, KadMode, RelayServerConfig, RoutingConfig};
+use crate::direct_only::DirectOnly;
 use crate::identity_gate::IdentityGate;
 
 /// Kademlia protocol name of Kindred's DHT.
@@ -51,8 +54,15 @@ pub struct Behaviour {
     pub autonat: autonat::Behaviour,
     /// Port mappings on the local network's gateway (UPnP IGD), when enabled.
     pub upnp: Toggle<upnp::tokio::Behaviour>,
-    /// `GetHeaders` / `GetBody`.
-    pub rpc: request_response::Behaviour<RpcCodec>,
+    /// Relay v2 client: reservations with relays while this node is not reachable, and
+    /// circuits to peers that are reachable only through one.
+    pub relay_client: relay::client::Behaviour,
+    /// Relay v2 server, when this node serves reservations.
+    pub relay_server: Toggle<relay::Behaviour>,
+    /// Hole punching: a relayed connection is upgraded to a direct one.
+    pub dcutr: dcutr::Behaviour,
+    /// The packet and exchange RPCs, on direct connections only.
+    pub rpc: DirectOnly<request_response::Behaviour<RpcCodec>>,
 }
 
 /// What [`Behaviour`] reports to the swarm.
@@ -68,6 +78,12 @@ pub enum BehaviourEvent {
     Autonat(autonat::Event),
     /// A gateway port mapping made, lost, or not possible.
     Upnp(upnp::Event),
+    /// A reservation with a relay, or a circuit through one.
+    RelayClient(relay::client::Event),
+    /// A reservation or circuit this node serves as a relay.
+    RelayServer(Box<relay::Event>),
+    /// A hole punch's outcome.
+    Dcutr(dcutr::Event),
     /// A request (possibly [`WireRequest::Invalid`]), response or failure of
     /// `/kindred/rpc/1.0.0`.
     Rpc(request_response::Event<WireRequest, RpcResponse>),
@@ -100,6 +116,24 @@ impl From<ping::Event> for BehaviourEvent {
 impl From<upnp::Event> for BehaviourEvent {
     fn from(e: upnp::Event) -> Self {
         Self::Upnp(e)
+    }
+}
+
+impl From<relay::client::Event> for BehaviourEvent {
+    fn from(e: relay::client::Event) -> Self {
+        Self::RelayClient(e)
+    }
+}
+
+impl From<relay::Event> for BehaviourEvent {
+    fn from(e: relay::Event) -> Self {
+        Self::RelayServer(Box::new(e))
+    }
+}
+
+impl From<dcutr::Event> for BehaviourEvent {
+    fn from(e: dcutr::Event) -> Self {
+        Self::Dcutr(e)
     }
 }
 
@@ -136,9 +170,26 @@ fn limits(cfg: &ConnectionConfig) -> connection_limits::ConnectionLimits {
         .with_max_pending_outgoing(Some(cfg.max_pending_outgoing))
 }
 
+fn relay_config(cfg: &RelayServerConfig) -> relay::Config {
+    relay::Config {
+        max_reservations: cfg.max_reservations,
+        max_reservations_per_peer: cfg.max_reservations_per_peer,
+        max_circuits: cfg.max_circuits,
+        max_circuits_per_peer: cfg.max_circuits_per_peer,
+        max_circuit_duration: cfg.max_circuit_duration,
+        max_circuit_bytes: cfg.max_circuit_bytes,
+        ..relay::Config::default()
+    }
+}
+
 impl Behaviour {
-    /// The behaviour for `keypair` under `config`.
-    pub fn new(keypair: &Keypair, config: &RoutingConfig) -> Self {
+    /// The behaviour for `keypair` under `config`, with the relay client that goes with the
+    /// transport's relay half ([`libp2p::relay::client::new`]).
+    pub fn new(
+        keypair: &Keypair,
+        config: &RoutingConfig,
+        relay_client: relay::client::Behaviour,
+    ) -> Self {
         let peer = keypair.public().to_peer_id();
         let store = MemoryStore::with_config(
             peer,
@@ -157,7 +208,10 @@ impl Behaviour {
         }
         let identify = identify::Behaviour::new(
             identify::Config::new(IDENTIFY_VERSION.to_owned(), keypair.public())
-                .with_agent_version(format!("kindred/{}", env!("CARGO_PKG_VERSION"))),
+                .with_agent_version(format!("kindred/{}", env!("CARGO_PKG_VERSION")))
+                // A relay reservation made or given up changes whether peers may make this
+                // node a hub: they hear of it at once.
+                .with_push_listen_addr_updates(true),
         );
         let rpc = request_response::Behaviour::with_codec(
             RpcCodec::default().with_push_limit(config.transport.max_push_bytes),
@@ -175,7 +229,16 @@ impl Behaviour {
             ping: ping::Behaviour::new(ping::Config::new()),
             autonat: autonat::Behaviour::new(peer, crate::reachability::autonat_config()),
             upnp: Toggle::from(config.transport.upnp.then(upnp::tokio::Behaviour::default)),
-            rpc,
+            relay_client,
+            relay_server: Toggle::from(
+                config
+                    .transport
+                    .relay_server
+                    .as_ref()
+                    .map(|cfg| relay::Behaviour::new(peer, relay_config(cfg))),
+            ),
+            dcutr: dcutr::Behaviour::new(peer),
+            rpc: DirectOnly::new(rpc, config.transport.punch_window),
         }
     }
 }

@@ -79,6 +79,21 @@ pub fn hub_rank_at(identity: &[u8], window: u64) -> u64 {
     u64::from_le_bytes(word)
 }
 
+/// The rank of a peer that others cannot dial (behind NAT, reached only through a relay):
+/// above every rank a dialable peer is likely to have, so it heads a cohort only if no member
+/// can be dialed. A hub serves every member's push, so it must accept connections; a member
+/// only dials out. The order among such peers is kept (reversed, the same on every node).
+///
+/// ```
+/// use kindred_routing::cohort::relay_only_rank;
+///
+/// assert!(relay_only_rank(0) > u64::MAX - u64::MAX / 256);
+/// assert!(relay_only_rank(1 << 20) < relay_only_rank(0));
+/// ```
+pub fn relay_only_rank(rank: u64) -> u64 {
+    u64::MAX - (rank >> 8)
+}
+
 /// Whether a node of rank `rank` is a **hub candidate**: one node in `one_in`, the lowest
 /// ranks. A member pushes to the lowest-ranked peer it knows, so a node of high rank ends as a
 /// member and is found through its hub (pushes and answers list views), never through the DHT:

@@ -325,13 +325,58 @@ pub struct TransportConfig {
     pub listen: Vec<Multiaddr>,
     /// Addresses known to be reachable from other peers (switch Kademlia to server mode).
     pub external: Vec<Multiaddr>,
-    /// Treat the actual listen addresses as reachable (a host with a public address, a LAN, or
-    /// loopback tests). Default false.
+    /// Treat the actual listen addresses as reachable where they look it
+    /// ([`crate::transport::looks_reachable`]: a public IP, or loopback for one host's
+    /// swarm); addresses in private ranges wait for AutoNAT's verdict. Default false.
     pub listen_addrs_are_external: bool,
     /// Ask the local network's gateway (UPnP IGD) to forward each listen port to this host;
     /// a mapped address becomes an external address. Default false: most gateways have UPnP
     /// off, and searching for one costs a multicast each start.
     pub upnp: bool,
+    /// Serve relay v2 reservations and circuits to peers behind NAT (a public node), with
+    /// these limits. Default `None`: a relay's operator pays for its circuits' bytes.
+    pub relay_server: Option<RelayServerConfig>,
+    /// How long a request to a peer reachable only through a relay waits for a hole-punched
+    /// direct connection before it fails ([`crate::direct_only`]). Default 15 s.
+    pub punch_window: Duration,
+}
+
+/// What a node serving as a relay grants ([`TransportConfig::relay_server`]).
+///
+/// Circuits carry signalling and hole punching only (Kindred's RPCs never cross one), so
+/// libp2p's defaults fit: 2 minutes and 128 KiB per circuit.
+///
+/// ```
+/// let cfg = kindred_routing::RelayServerConfig::default();
+/// assert_eq!(cfg.max_circuit_bytes, 128 * 1024);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RelayServerConfig {
+    /// Reservations held at once. Default 128.
+    pub max_reservations: usize,
+    /// Reservations of one peer. Default 4.
+    pub max_reservations_per_peer: usize,
+    /// Circuits open at once. Default 16.
+    pub max_circuits: usize,
+    /// Circuits of one peer. Default 4.
+    pub max_circuits_per_peer: usize,
+    /// A circuit's longest life. Default 2 minutes.
+    pub max_circuit_duration: Duration,
+    /// Bytes a circuit carries at most. Default 128 KiB.
+    pub max_circuit_bytes: u64,
+}
+
+impl Default for RelayServerConfig {
+    fn default() -> Self {
+        Self {
+            max_reservations: 128,
+            max_reservations_per_peer: 4,
+            max_circuits: 16,
+            max_circuits_per_peer: 4,
+            max_circuit_duration: Duration::from_secs(120),
+            max_circuit_bytes: 128 * 1024,
+        }
+    }
 }
 
 impl Default for TransportConfig {
@@ -347,6 +392,8 @@ impl Default for TransportConfig {
             external: Vec::new(),
             listen_addrs_are_external: false,
             upnp: false,
+            relay_server: None,
+            punch_window: crate::direct_only::DEFAULT_PUNCH_WINDOW,
         }
     }
 }

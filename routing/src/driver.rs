@@ -5,7 +5,7 @@
 //! operations whose results are sent back when the matching output appears. One task, one
 //! `select!` over commands, swarm events and the core's next deadline.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -15,12 +15,14 @@ use futures::stream::FuturesUnordered;
 use kindred_proto::OutcomePacket;
 use kindred_proto::rpc::{PushAnswer, RequestId, RpcErrorCode, RpcKind, RpcRequest, RpcResponse};
 use libp2p::core::Endpoint;
+use libp2p::core::transport::ListenerId;
 use libp2p::kad::store::RecordStore;
 use libp2p::kad::{self, GetProvidersOk, QueryId, QueryResult, RecordKey};
+use libp2p::multiaddr::Protocol;
 use libp2p::request_response::{self, OutboundFailure, OutboundRequestId};
 use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
 use libp2p::swarm::{ConnectionDenied, ConnectionId, ListenError, NetworkBehaviour, SwarmEvent};
-use libp2p::{PeerId, Swarm, identify};
+use libp2p::{Multiaddr, PeerId, Swarm, dcutr, identify, relay};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::addr_book::AddrBook;
@@ -45,6 +47,14 @@ use crate::wire::WireCounters;
 const MAX_IDENTIFY_ADDRS: usize = 16;
 /// Providers whose addresses are kept for their header requests (several lookups' worth).
 const ADDR_BOOK_PEERS: usize = 8192;
+/// Relays a node that peers cannot dial keeps a reservation with.
+const MAX_RESERVATIONS: usize = 2;
+/// Relays remembered as candidates for a reservation.
+const MAX_RELAYS: usize = 16;
+/// Peers remembered as met through a relay.
+const MAX_VIA_RELAY: usize = 4096;
+/// The relay v2 hop protocol: a peer that lists it in identify serves reservations.
+const RELAY_HOP_PROTOCOL: &str = "/libp2p/circuit/relay/0.2.0/hop";
 
 #[derive(Debug, Clone, Copy)]
 enum QueryCtx {
@@ -82,6 +92,30 @@ pub(crate) struct Driver {
     dropped_events: u64,
     /// Byte counters of every connection, by protocol ([`crate::wire::count_bytes`]).
     wire: WireCounters,
+    /// The same, of the connections through relays only.
+    relayed_wire: WireCounters,
+    /// NAT traversal: relays known, reservations held, hole punches.
+    nat: NatTraversal,
+}
+
+/// What the driver knows and holds to be reachable behind NAT.
+#[derive(Debug, Default)]
+struct NatTraversal {
+    /// The remote address of each outbound direct connection: where a relay was reached.
+    dialed: HashMap<ConnectionId, Multiaddr>,
+    /// Relays that said so in identify, each with the address this node reached it at.
+    relays: HashMap<PeerId, Multiaddr>,
+    /// The listener of each relay reservation asked for or held.
+    reservations: HashMap<PeerId, ListenerId>,
+    /// Peers met through a relay (bounded: cleared when full): never asked for AutoNAT
+    /// dial-backs, which would pass through the hole punched with them.
+    via_relay: HashSet<PeerId>,
+    /// Peers whose identify named a relayed address: they hold a reservation, so they found
+    /// themselves behind NAT (bounded: cleared when full).
+    behind_relay: HashSet<PeerId>,
+    reservations_accepted: u64,
+    hole_punches: u64,
+    hole_punch_failures: u64,
 }
 
 impl Driver {
@@ -92,7 +126,7 @@ impl Driver {
         commands: mpsc::Receiver<Command>,
         events: mpsc::Sender<RoutingEvent>,
         config: RoutingConfig,
-        wire: WireCounters,
+        (wire, relayed_wire): (WireCounters, WireCounters),
     ) -> Self {
         let bootstrap_governor = BootstrapGovernor::new(config.kad.bootstrap_throttle);
         Self {
@@ -117,6 +151,8 @@ impl Driver {
             addr_book: AddrBook::new(ADDR_BOOK_PEERS),
             dropped_events: 0,
             wire,
+            relayed_wire,
+            nat: NatTraversal::default(),
         }
     }
 
@@ -238,6 +274,13 @@ impl Driver {
                 let mut metrics = self.core.metrics().clone();
                 metrics.wire = self.wire.snapshot();
                 (metrics.wire_bytes_in, metrics.wire_bytes_out) = metrics.wire.total();
+                metrics.relayed_wire = self.relayed_wire.snapshot();
+                let (direct, relayed) = self.swarm.behaviour().rpc.connection_counts();
+                metrics.connections_direct = direct as u64;
+                metrics.connections_relayed = relayed as u64;
+                metrics.relay_reservations = self.nat.reservations_accepted;
+                metrics.hole_punches = self.nat.hole_punches;
+                metrics.hole_punch_failures = self.nat.hole_punch_failures;
                 let _ = reply.send(metrics);
             }
             Command::Info { reply } => {
@@ -259,6 +302,15 @@ impl Driver {
                     kad_server: self.swarm.behaviour().kad.mode() == kad::Mode::Server,
                     external_addrs: self.swarm.external_addresses().cloned().collect(),
                     reachability: NatStatus::from(&self.swarm.behaviour().autonat.nat_status()),
+                    relays: self.nat.reservations.keys().copied().collect(),
+                    direct: self.swarm.behaviour().rpc.direct_peers().collect(),
+                    relay_only: self
+                        .addr_book
+                        .relay_only()
+                        .chain(self.nat.behind_relay.iter().copied())
+                        .collect::<HashSet<_>>()
+                        .into_iter()
+                        .collect(),
                 };
                 let _ = reply.send(info);
             }
@@ -388,6 +440,7 @@ impl Driver {
                         .swarm
                         .behaviour_mut()
                         .rpc
+                        .inner_mut()
                         .send_request(&peer, request.into());
                     self.requests.insert(out, id);
                 }
@@ -480,14 +533,41 @@ impl Driver {
             SwarmEvent::Behaviour(BehaviourEvent::Kad(e)) => self.on_kad(*e),
             SwarmEvent::Behaviour(BehaviourEvent::Rpc(e)) => self.on_rpc(e),
             SwarmEvent::Behaviour(BehaviourEvent::Identify(e)) => {
-                if let identify::Event::Received { peer_id, info, .. } = *e
-                    && info.protocols.contains(&KAD_PROTOCOL)
+                if let identify::Event::Received {
+                    peer_id,
+                    info,
+                    connection_id,
+                } = *e
                 {
-                    for addr in info.listen_addrs.into_iter().take(MAX_IDENTIFY_ADDRS) {
-                        self.swarm.behaviour_mut().kad.add_address(&peer_id, addr);
+                    if info
+                        .protocols
+                        .iter()
+                        .any(|p| p.as_ref() == RELAY_HOP_PROTOCOL)
+                    {
+                        self.learn_relay(peer_id, connection_id);
+                    }
+                    if info.listen_addrs.iter().any(crate::direct_only::is_relayed) {
+                        if self.nat.behind_relay.len() >= MAX_VIA_RELAY {
+                            self.nat.behind_relay.clear();
+                        }
+                        self.nat.behind_relay.insert(peer_id);
+                    } else {
+                        self.nat.behind_relay.remove(&peer_id);
+                    }
+                    if !self.nat.via_relay.contains(&peer_id) {
+                        // A dial-back server (see `crate::reachability`).
+                        self.swarm.behaviour_mut().autonat.add_server(peer_id, None);
+                    }
+                    if info.protocols.contains(&KAD_PROTOCOL) {
+                        for addr in info.listen_addrs.into_iter().take(MAX_IDENTIFY_ADDRS) {
+                            self.swarm.behaviour_mut().kad.add_address(&peer_id, addr);
+                        }
                     }
                 }
             }
+            SwarmEvent::Behaviour(BehaviourEvent::RelayClient(e)) => self.on_relay_client(e),
+            SwarmEvent::Behaviour(BehaviourEvent::RelayServer(e)) => on_relay_server(&e),
+            SwarmEvent::Behaviour(BehaviourEvent::Dcutr(e)) => self.on_dcutr(e),
             SwarmEvent::Behaviour(BehaviourEvent::Autonat(e)) => self.on_autonat(e),
             SwarmEvent::Behaviour(BehaviourEvent::Upnp(e)) => match e {
                 libp2p::upnp::Event::NewExternalAddr {
@@ -516,8 +596,21 @@ impl Driver {
                 peer_id,
                 connection_id,
                 num_established,
+                endpoint,
                 ..
             } => {
+                if let libp2p::core::ConnectedPoint::Dialer { address, .. } = &endpoint
+                    && !endpoint.is_relayed()
+                {
+                    self.nat.dialed.insert(connection_id, address.clone());
+                }
+                if endpoint.is_relayed() {
+                    if self.nat.via_relay.len() >= MAX_VIA_RELAY {
+                        self.nat.via_relay.clear();
+                    }
+                    self.nat.via_relay.insert(peer_id);
+                    self.swarm.behaviour_mut().autonat.remove_server(&peer_id);
+                }
                 if let Some(reply) = self.dials.remove(&connection_id) {
                     let _ = reply.send(Ok(peer_id));
                 }
@@ -543,15 +636,128 @@ impl Driver {
             }
             SwarmEvent::ConnectionClosed {
                 peer_id,
-                num_established: 0,
+                connection_id,
+                num_established,
                 ..
-            } => self.emit(RoutingEvent::PeerDisconnected { peer: peer_id }),
+            } => {
+                self.nat.dialed.remove(&connection_id);
+                if num_established == 0 {
+                    self.swarm.behaviour_mut().autonat.remove_server(&peer_id);
+                    self.emit(RoutingEvent::PeerDisconnected { peer: peer_id });
+                }
+            }
+            SwarmEvent::ListenerClosed {
+                listener_id,
+                reason,
+                ..
+            } => {
+                let closed = self
+                    .nat
+                    .reservations
+                    .iter()
+                    .find(|(_, l)| **l == listener_id)
+                    .map(|(p, _)| *p);
+                if let Some(relay) = closed {
+                    // Asked again once identify names it a relay again.
+                    self.nat.reservations.remove(&relay);
+                    self.nat.relays.remove(&relay);
+                    tracing::info!(%relay, ?reason, "relay: reservation ended");
+                    self.reserve_relays();
+                }
+            }
             SwarmEvent::NewListenAddr { address, .. }
-                if self.config.transport.listen_addrs_are_external =>
+                if self.config.transport.listen_addrs_are_external
+                    && crate::transport::looks_reachable(&address) =>
             {
                 self.swarm.add_external_address(address);
             }
             _ => {}
+        }
+    }
+
+    /// `peer` serves relay reservations: a candidate, at the address this node dialed it at.
+    fn learn_relay(&mut self, peer: PeerId, connection: ConnectionId) {
+        let Some(addr) = self.nat.dialed.get(&connection) else {
+            return;
+        };
+        if self.nat.relays.len() >= MAX_RELAYS && !self.nat.relays.contains_key(&peer) {
+            return;
+        }
+        let addr = addr
+            .iter()
+            .filter(|p| !matches!(p, Protocol::P2p(_)))
+            .collect::<Multiaddr>();
+        self.nat.relays.insert(peer, addr);
+        self.reserve_relays();
+    }
+
+    /// While peers cannot dial this node, hold reservations with up to [`MAX_RESERVATIONS`]
+    /// relays, so that it has a circuit address for peers to reach it by and punch a hole
+    /// from; once they can, give them up.
+    fn reserve_relays(&mut self) {
+        let private = matches!(
+            self.swarm.behaviour().autonat.nat_status(),
+            libp2p::autonat::NatStatus::Private
+        );
+        if !private {
+            for (relay, listener) in self.nat.reservations.drain() {
+                tracing::info!(%relay, "relay: reservation given up (peers dial this node)");
+                self.swarm.remove_listener(listener);
+            }
+            return;
+        }
+        let wanted: Vec<(PeerId, Multiaddr)> = self
+            .nat
+            .relays
+            .iter()
+            .filter(|(p, _)| !self.nat.reservations.contains_key(p))
+            .take(MAX_RESERVATIONS.saturating_sub(self.nat.reservations.len()))
+            .map(|(p, a)| (*p, a.clone()))
+            .collect();
+        for (relay, addr) in wanted {
+            let circuit = addr.with(Protocol::P2p(relay)).with(Protocol::P2pCircuit);
+            match self.swarm.listen_on(circuit.clone()) {
+                Ok(listener) => {
+                    tracing::info!(%circuit, "relay: asking for a reservation");
+                    self.nat.reservations.insert(relay, listener);
+                }
+                Err(e) => {
+                    tracing::warn!(%circuit, error = %e, "relay: cannot listen through it");
+                    self.nat.relays.remove(&relay);
+                }
+            }
+        }
+    }
+
+    fn on_relay_client(&mut self, e: relay::client::Event) {
+        match e {
+            relay::client::Event::ReservationReqAccepted {
+                relay_peer_id,
+                renewal,
+                ..
+            } => {
+                if !renewal {
+                    self.nat.reservations_accepted += 1;
+                    tracing::info!(relay = %relay_peer_id,
+                        "relay: reservation accepted; peers reach this node through it to punch a hole");
+                }
+            }
+            other => tracing::debug!(event = ?other, "relay client"),
+        }
+    }
+
+    fn on_dcutr(&mut self, e: dcutr::Event) {
+        match e.result {
+            Ok(_) => {
+                self.nat.hole_punches += 1;
+                tracing::info!(peer = %e.remote_peer_id, "hole punched: a direct connection beside the relayed one");
+            }
+            Err(error) => {
+                self.nat.hole_punch_failures += 1;
+                tracing::info!(peer = %e.remote_peer_id, %error,
+                    "hole punch failed: no direct connection (exchange RPCs to it fail)");
+                self.swarm.behaviour_mut().rpc.give_up(&e.remote_peer_id);
+            }
         }
     }
 
@@ -560,6 +766,7 @@ impl Driver {
     fn on_autonat(&mut self, e: libp2p::autonat::Event) {
         match e {
             libp2p::autonat::Event::StatusChanged { old, new } => {
+                self.reserve_relays();
                 let (status, was) = (NatStatus::from(&new), NatStatus::from(&old));
                 match &new {
                     libp2p::autonat::NatStatus::Public(addr) => tracing::info!(
@@ -698,6 +905,7 @@ impl Driver {
                         .swarm
                         .behaviour_mut()
                         .rpc
+                        .inner_mut()
                         .send_response(channel, response)
                         .is_err()
                     {
@@ -763,6 +971,7 @@ impl Driver {
                     .swarm
                     .behaviour_mut()
                     .rpc
+                    .inner_mut()
                     .send_response(channel, response);
                 return;
             }
@@ -817,6 +1026,7 @@ impl Driver {
             .swarm
             .behaviour_mut()
             .rpc
+            .inner_mut()
             .send_response(channel, response)
             .is_err()
         {
@@ -837,5 +1047,24 @@ fn outbound_failure(error: &OutboundFailure) -> RequestFailure {
             Some(c) => RequestFailure::Protocol(c.reason()),
             None => RequestFailure::Io,
         },
+    }
+}
+
+/// A relay server's events, for the log.
+fn on_relay_server(e: &relay::Event) {
+    match e {
+        relay::Event::ReservationReqAccepted {
+            src_peer_id,
+            renewed: false,
+        } => {
+            tracing::info!(peer = %src_peer_id, "relay server: reservation granted");
+        }
+        relay::Event::CircuitReqAccepted {
+            src_peer_id,
+            dst_peer_id,
+        } => {
+            tracing::debug!(src = %src_peer_id, dst = %dst_peer_id, "relay server: circuit opened");
+        }
+        other => tracing::debug!(event = ?other, "relay server"),
     }
 }

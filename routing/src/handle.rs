@@ -33,7 +33,7 @@ use std::time::Duration;
 use kindred_proto::{ModelId, ModelSpec, OutcomePacket, PacketId, VerifiedHeader};
 use libp2p::identity::Keypair;
 use libp2p::swarm::Config as SwarmConfig;
-use libp2p::{Multiaddr, PeerId, Swarm};
+use libp2p::{Multiaddr, PeerId, Swarm, Transport};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::behaviour::Behaviour;
@@ -44,7 +44,7 @@ use crate::lookup::{LookupError, PartnerQuery, Partners};
 use crate::metrics::RoutingMetrics;
 use crate::snapshot::SnapshotError;
 use crate::store::PacketStore;
-use crate::transport::{TransportError, build_transport};
+use crate::transport::{TransportError, build_transport, relayed_transport};
 use crate::wire::{WireCounters, count_bytes};
 
 /// How long [`spawn`] waits for its listeners to report an address.
@@ -120,6 +120,14 @@ pub struct NodeInfo {
     pub external_addrs: Vec<Multiaddr>,
     /// Whether other peers can dial this node, from AutoNAT dial-back tests.
     pub reachability: crate::reachability::NatStatus,
+    /// Relays this node holds (or asked for) a reservation with: peers reach it through them.
+    pub relays: Vec<PeerId>,
+    /// Peers with a direct connection open (not through a relay).
+    pub direct: Vec<PeerId>,
+    /// Peers behind NAT: found with relayed addresses only (their provider records), or
+    /// naming a relayed address in identify (they hold a reservation). Never a cohort's hub
+    /// while a dialable peer is in it ([`crate::relay_only_rank`]).
+    pub relay_only: Vec<PeerId>,
 }
 
 /// Why the routing task could not start.
@@ -442,7 +450,20 @@ pub async fn spawn(
     }
     let peer_id = keypair.public().to_peer_id();
     let wire = WireCounters::default();
-    let transport = count_bytes(
+    let relayed_wire = WireCounters::default();
+    let (relay_transport, relay_client) = libp2p::relay::client::new(peer_id);
+    // Circuits are counted apart: their bytes also cross the connection to the relay, counted
+    // there as relay traffic.
+    let relayed = count_bytes(
+        relayed_transport(
+            &keypair,
+            relay_transport,
+            config.transport.swarm_key,
+            config.transport.handshake_timeout,
+        )?,
+        relayed_wire.clone(),
+    );
+    let direct = count_bytes(
         build_transport(
             &keypair,
             config.transport.kind,
@@ -451,7 +472,14 @@ pub async fn spawn(
         )?,
         wire.clone(),
     );
-    let behaviour = Behaviour::new(&keypair, &config);
+    // Relay first: it declines every address that is not a circuit as unsupported, so the
+    // direct transports get those; the DNS resolver in front of them fails circuit addresses
+    // with an error of its own, which would end the dial.
+    let transport = relayed
+        .or_transport(direct)
+        .map(|either, _| either.into_inner())
+        .boxed();
+    let behaviour = Behaviour::new(&keypair, &config, relay_client);
     let mut swarm = Swarm::new(
         transport,
         behaviour,
@@ -491,7 +519,9 @@ pub async fn spawn(
                 address,
             } => {
                 listeners.retain(|l| *l != listener_id);
-                if config.transport.listen_addrs_are_external {
+                if config.transport.listen_addrs_are_external
+                    && crate::transport::looks_reachable(&address)
+                {
                     swarm.add_external_address(address.clone());
                 }
                 listen_addrs.push(address);
@@ -516,7 +546,15 @@ pub async fn spawn(
     let (command_tx, command_rx) = mpsc::channel(config.command_capacity.max(1));
     let (event_tx, event_rx) = mpsc::channel(config.event_capacity.max(1));
     let core = RoutingCore::new(peer_id, config.core.clone());
-    let driver = Driver::new(swarm, core, store, command_rx, event_tx, config, wire);
+    let driver = Driver::new(
+        swarm,
+        core,
+        store,
+        command_rx,
+        event_tx,
+        config,
+        (wire, relayed_wire),
+    );
     tokio::spawn(driver.run());
     Ok((
         RoutingHandle {

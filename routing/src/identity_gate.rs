@@ -207,7 +207,8 @@ mod tests {
     fn the_composed_behaviour_denies_weak_peers() {
         let key = Keypair::generate_ed25519();
         let config = crate::RoutingConfig::new(crate::NetworkId::from_name("gate-test"));
-        let mut behaviour = crate::behaviour::Behaviour::new(&key, &config);
+        let (_, relay) = libp2p::relay::client::new(key.public().to_peer_id());
+        let mut behaviour = crate::behaviour::Behaviour::new(&key, &config, relay);
         let honest = Keypair::generate_ed25519().public().to_peer_id();
         let id = ConnectionId::new_unchecked(7);
         let (local, remote) = (addr(4001), addr(4002));

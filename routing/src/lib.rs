@@ -45,6 +45,7 @@ pub mod codec;
 pub mod cohort;
 pub mod config;
 pub mod core;
+pub mod direct_only;
 pub mod discovery;
 mod driver;
 pub mod exchange;
@@ -64,10 +65,10 @@ pub mod store;
 pub mod transport;
 pub mod wire;
 
-pub use cohort::{Cohort, hub_rank, hub_rank_at, is_hub_candidate};
+pub use cohort::{Cohort, hub_rank, hub_rank_at, is_hub_candidate, relay_only_rank};
 pub use config::{
-    ConnectionConfig, CoreConfig, CosineGate, KadConfig, KadMode, LookupConfig, RoutingConfig,
-    TransportConfig, TransportKind,
+    ConnectionConfig, CoreConfig, CosineGate, KadConfig, KadMode, LookupConfig, RelayServerConfig,
+    RoutingConfig, TransportConfig, TransportKind,
 };
 pub use core::{AnnounceError, AnnounceId, AnnounceReport, Output, RequestFailure, RoutingCore};
 pub use discovery::{Discovery, Follower, RoundPlan};

@@ -112,6 +112,20 @@ pub struct RoutingMetrics {
     pub wire_bytes_out: u64,
     /// The same bytes by protocol ([`crate::wire`]). Filled in by the driver.
     pub wire: crate::wire::WireBytes,
+    /// Bytes inside connections through relays, by protocol: never any of the packet and
+    /// exchange RPCs ([`crate::direct_only`]). They also cross the connection to the relay,
+    /// where `wire` counts them as relay traffic. Filled in by the driver.
+    pub relayed_wire: crate::wire::WireBytes,
+    /// Direct connections open now. Filled in by the driver.
+    pub connections_direct: u64,
+    /// Connections through relays open now. Filled in by the driver.
+    pub connections_relayed: u64,
+    /// Relay reservations granted to this node (renewals not counted).
+    pub relay_reservations: u64,
+    /// Hole punches that opened a direct connection (DCUtR).
+    pub hole_punches: u64,
+    /// Hole punches that failed after every attempt.
+    pub hole_punch_failures: u64,
 }
 
 impl RoutingMetrics {

@@ -73,11 +73,16 @@ impl From<&autonat::NatStatus> for NatStatus {
 /// answers agree, then every 15 minutes; at most 30 dial-backs a second for others), except
 /// that the first probe goes out 5 s after start instead of 15, and that peers on private and
 /// loopback addresses take part: a swarm on one LAN or one host gets a verdict too, and a
-/// server only ever dials the IP it sees the asker at.
+/// server only ever dials the IP it sees the asker at. Servers are not every connected peer but
+/// those the driver names: identified peers this node never met through a relay. A peer met
+/// through a relay may share a punched hole with this node, and its dial-back would pass
+/// through the hole: a NATed node would take itself for public. (A server behind NAT is fine:
+/// a dial-back only needs to dial out.)
 pub fn autonat_config() -> autonat::Config {
     autonat::Config {
         boot_delay: Duration::from_secs(5),
         only_global_ips: false,
+        use_connected: false,
         ..autonat::Config::default()
     }
 }

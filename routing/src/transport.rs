@@ -12,6 +12,10 @@
 //! takes three handshakes, streams that do not block each other, and the transport that UDP hole
 //! punching needs behind NAT. Bootstrap peers may be named by DNS (`/dns4/…`, `/dns/…`),
 //! resolved through the system's resolver configuration.
+//!
+//! Beside them, relay v2 circuits ([`relayed_transport`]): a connection to a peer behind NAT
+//! through a relay, upgraded like a TCP one (pnet in a private swarm, Noise, yamux), so that
+//! hole punching can open a direct connection beside it.
 
 use std::time::Duration;
 
@@ -21,7 +25,7 @@ use libp2p::core::transport::{Boxed, MemoryTransport};
 use libp2p::core::upgrade::Version;
 use libp2p::identity::Keypair;
 use libp2p::pnet::{PnetConfig, PreSharedKey};
-use libp2p::{PeerId, Transport, dns, noise, quic, tcp, yamux};
+use libp2p::{PeerId, Transport, dns, noise, quic, relay, tcp, yamux};
 
 use crate::config::TransportKind;
 
@@ -49,6 +53,45 @@ pub fn is_quic(addr: &libp2p::Multiaddr) -> bool {
             libp2p::multiaddr::Protocol::QuicV1 | libp2p::multiaddr::Protocol::Quic
         )
     })
+}
+
+/// Whether a listen address can be taken as reachable by peers without a test: a public IP, a
+/// DNS name, loopback (one host) or in-memory (one process). Addresses in private ranges (RFC 1918, shared CGNAT space,
+/// link-local, IPv6 unique-local) are usually behind NAT: AutoNAT decides for them
+/// ([`crate::reachability`]).
+///
+/// ```
+/// use kindred_routing::transport::looks_reachable;
+///
+/// assert!(looks_reachable(&"/ip4/203.0.113.7/tcp/4001".parse().unwrap()));
+/// assert!(looks_reachable(&"/ip4/127.0.0.1/tcp/4001".parse().unwrap()));
+/// assert!(!looks_reachable(&"/ip4/192.168.1.2/tcp/4001".parse().unwrap()));
+/// assert!(!looks_reachable(&"/ip4/100.64.0.9/udp/4001/quic-v1".parse().unwrap()));
+/// ```
+pub fn looks_reachable(addr: &libp2p::Multiaddr) -> bool {
+    use libp2p::multiaddr::Protocol;
+    if crate::direct_only::is_relayed(addr) {
+        return false;
+    }
+    match addr.iter().next() {
+        Some(Protocol::Ip4(ip)) => {
+            let [a, b, ..] = ip.octets();
+            let cgnat = a == 100 && (64..128).contains(&b);
+            ip.is_loopback()
+                || !(ip.is_private() || ip.is_link_local() || ip.is_unspecified() || cgnat)
+        }
+        Some(Protocol::Ip6(ip)) => {
+            let first = ip.segments()[0];
+            let unique_local = first & 0xfe00 == 0xfc00;
+            let link_local = first & 0xffc0 == 0xfe80;
+            ip.is_loopback() || !(ip.is_unspecified() || unique_local || link_local)
+        }
+        // A DNS name is the operator's statement; memory addresses are one process's.
+        Some(Protocol::Dns(_) | Protocol::Dns4(_) | Protocol::Dns6(_) | Protocol::Memory(_)) => {
+            true
+        }
+        _ => false,
+    }
 }
 
 /// Why a swarm key file could not be parsed.
@@ -114,6 +157,25 @@ pub fn build_transport(
             .boxed(),
     };
     Ok(transport)
+}
+
+/// Connections through relays: `relay`'s circuits, upgraded like TCP connections (pnet in a
+/// private swarm, Noise, yamux) under `handshake_timeout`.
+///
+/// # Errors
+/// [`TransportError::Noise`] when Noise cannot use the key.
+pub fn relayed_transport(
+    keypair: &Keypair,
+    relay: relay::client::Transport,
+    swarm_key: Option<PreSharedKey>,
+    handshake_timeout: Duration,
+) -> Result<Boxed<(PeerId, StreamMuxerBox)>, TransportError> {
+    Ok(with_pnet(relay, swarm_key)
+        .upgrade(Version::V1Lazy)
+        .authenticate(noise::Config::new(keypair)?)
+        .multiplex(yamux::Config::default())
+        .timeout(handshake_timeout)
+        .boxed())
 }
 
 /// TCP (with pnet in a private swarm), and QUIC beside it in a public one.

@@ -1,5 +1,5 @@
 //! Bytes on a node's connections, by protocol: Kademlia, the packet and exchange RPCs,
-//! identify, ping.
+//! identify, ping, AutoNAT, relay and hole punching.
 //!
 //! # Why
 //! "Fewer bytes than an all-reduce" is a claim about everything a node sends, so the node counts
@@ -54,18 +54,24 @@ pub enum WireProtocol {
     Ping,
     /// AutoNAT probes and dial-back answers (`/libp2p/autonat/1.0.0`).
     Autonat,
+    /// Relay v2 reservations and circuits (hop and stop), the circuits' contents included.
+    Relay,
+    /// DCUtR hole-punch coordination.
+    Dcutr,
     /// Anything else, and streams whose protocol was not seen.
     Other,
 }
 
 impl WireProtocol {
     /// Every protocol, in label order.
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 8] = [
         Self::Kademlia,
         Self::Rpc,
         Self::Identify,
         Self::Ping,
         Self::Autonat,
+        Self::Relay,
+        Self::Dcutr,
         Self::Other,
     ];
 
@@ -81,6 +87,8 @@ impl WireProtocol {
             Self::Identify => "identify",
             Self::Ping => "ping",
             Self::Autonat => "autonat",
+            Self::Relay => "relay",
+            Self::Dcutr => "dcutr",
             Self::Other => "other",
         }
     }
@@ -92,7 +100,9 @@ impl WireProtocol {
             Self::Identify => 2,
             Self::Ping => 3,
             Self::Autonat => 4,
-            Self::Other => 5,
+            Self::Relay => 5,
+            Self::Dcutr => 6,
+            Self::Other => 7,
         }
     }
 
@@ -104,6 +114,10 @@ impl WireProtocol {
             b"/ipfs/id/1.0.0" | b"/ipfs/id/push/1.0.0" => Some(Self::Identify),
             b"/ipfs/ping/1.0.0" => Some(Self::Ping),
             b"/libp2p/autonat/1.0.0" => Some(Self::Autonat),
+            b"/libp2p/circuit/relay/0.2.0/hop" | b"/libp2p/circuit/relay/0.2.0/stop" => {
+                Some(Self::Relay)
+            }
+            b"/libp2p/dcutr" => Some(Self::Dcutr),
             _ => None,
         }
     }

@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 use kindred_node::api::Status;
 use kindred_node::config::{NodeConfig, TrainerConfig};
 
+pub mod netns;
+
 /// The `kindred` binary under test.
 ///
 /// # Panics
@@ -91,6 +93,8 @@ pub struct NodeProc {
     pub listen: String,
     /// Its peer id (from `kindred init`).
     pub peer: String,
+    /// The network namespace it runs in ([`netns`]), if not the test's own.
+    pub netns: Option<String>,
     child: Option<Child>,
 }
 
@@ -108,16 +112,43 @@ impl NodeProc {
     ///
     /// # Panics
     /// When `kindred init` fails.
-    pub fn init_listening(dir: PathBuf, mut config: NodeConfig, quic: bool) -> Self {
+    pub fn init_listening(dir: PathBuf, config: NodeConfig, quic: bool) -> Self {
         let ports = free_ports(2);
         let listen = format!("/ip4/127.0.0.1/tcp/{}", ports[0]);
-        let api = SocketAddr::from(([127, 0, 0, 1], ports[1]));
-        config.listen = vec![listen.clone()];
+        let mut addrs = vec![listen.clone()];
         if quic {
-            config
-                .listen
-                .push(format!("/ip4/127.0.0.1/udp/{}/quic-v1", ports[0]));
+            addrs.push(format!("/ip4/127.0.0.1/udp/{}/quic-v1", ports[0]));
         }
+        let api = SocketAddr::from(([127, 0, 0, 1], ports[1]));
+        Self::init_with(dir, config, addrs, api)
+    }
+
+    /// [`NodeProc::init`] for a node in network namespace `ns` ([`netns`]) at address `ip`: it
+    /// listens on TCP and QUIC port 4001 there and serves its API on that namespace's loopback.
+    ///
+    /// # Panics
+    /// When `kindred init` fails.
+    pub fn init_in_netns(dir: PathBuf, config: NodeConfig, ns: &str, ip: &str) -> Self {
+        let addrs = vec![
+            format!("/ip4/{ip}/tcp/4001"),
+            format!("/ip4/{ip}/udp/4001/quic-v1"),
+        ];
+        let api = SocketAddr::from(([127, 0, 0, 1], 8700));
+        let mut node = Self::init_with(dir, config, addrs, api);
+        node.netns = Some(ns.to_string());
+        node
+    }
+
+    /// `kindred init` in `dir` with `config` listening on `addrs` (the first is the one peers
+    /// bootstrap through) and serving its API at `api`.
+    fn init_with(
+        dir: PathBuf,
+        mut config: NodeConfig,
+        addrs: Vec<String>,
+        api: SocketAddr,
+    ) -> Self {
+        let listen = addrs.first().cloned().unwrap_or_default();
+        config.listen = addrs;
         config.api = Some(api);
         std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
         config
@@ -140,6 +171,7 @@ impl NodeProc {
             api,
             listen,
             peer,
+            netns: None,
             child: None,
         }
     }
@@ -168,7 +200,15 @@ impl NodeProc {
             .append(true)
             .open(self.dir.join("node.log"))
             .unwrap_or_else(|e| panic!("{e}"));
-        let child = Command::new(kindred_bin())
+        let mut command = match &self.netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns]).arg(kindred_bin());
+                c
+            }
+            None => Command::new(kindred_bin()),
+        };
+        let child = command
             .args(["run", "--data-dir"])
             .arg(&self.dir)
             .env("RUST_LOG", kindred_node::DEFAULT_LOG_FILTER)
@@ -182,13 +222,22 @@ impl NodeProc {
 
     /// Its status, or `None` while the API is not up.
     pub fn status(&self) -> Option<Status> {
-        let body = kindred_node::demo::http_get(self.api, "/v1/status").ok()?;
+        let body = self.get("/v1/status")?;
         serde_json::from_str(&body).ok()
     }
 
     /// Its Prometheus metrics text, or `None` while the API is not up.
     pub fn metrics(&self) -> Option<String> {
-        kindred_node::demo::http_get(self.api, "/metrics").ok()
+        self.get("/metrics")
+    }
+
+    /// GET `path` from its API, from inside its namespace if it runs in one.
+    fn get(&self, path: &str) -> Option<String> {
+        let get = || kindred_node::demo::http_get(self.api, path).ok();
+        match &self.netns {
+            Some(ns) => netns::in_netns(ns, get),
+            None => get(),
+        }
     }
 
     /// Whether the process is still running.

@@ -397,6 +397,11 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
                 self.miss(&hub);
                 self.finish(Apply::Nothing, true);
             }
+            Answer::NotHub { hub: hint, .. } if !self.dialable && self.view.is_own(&hint) => {
+                // The hub takes this node for the hub: it does not know yet that peers cannot
+                // dial it (`Exchange::set_dialable`). Not followed; the hub stays.
+                self.finish(Apply::Nothing, true);
+            }
             Answer::NotHub { hub: hint, rank } => {
                 r.redirects += 1;
                 let redirects = r.redirects;

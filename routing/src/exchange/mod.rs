@@ -233,6 +233,8 @@ pub struct Exchange<P, M> {
     next_ticket: u64,
     /// The rank window the view's ranks are of ([`Exchange::rerank`]).
     window: u64,
+    /// Whether peers can dial this node ([`Exchange::set_dialable`]). Not persisted.
+    dialable: bool,
     round: Option<Round<P, M>>,
     /// Outputs not yet polled: at most one per push held and a few more per input.
     out: VecDeque<Output<P, M>>,
@@ -257,6 +259,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             last_round: None,
             next_ticket: 0,
             window: 0,
+            dialable: true,
             round: None,
             out: VecDeque::new(),
         }
@@ -321,9 +324,21 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             last_round: snapshot.last_round,
             next_ticket: snapshot.next_ticket,
             window: snapshot.window,
+            dialable: true,
             round: None,
             out: VecDeque::new(),
         })
+    }
+
+    /// Whether peers can dial this node (the driver's reachability: AutoNAT, relay
+    /// reservations). A hub must accept every member's connection, so the driver also ranks a
+    /// node that cannot be dialed after every dialable peer ([`crate::relay_only_rank`]); this
+    /// flag covers the rounds before its peers know: a hub that names such a node as the hub
+    /// (it does not know yet that the node is behind NAT) is not followed, the node misses
+    /// that round's merge and keeps its hub, and the hub learns within a round or two.
+    /// Default true.
+    pub fn set_dialable(&mut self, dialable: bool) {
+        self.dialable = dialable;
     }
 
     /// The rank window of `round` ([`ExchangeConfig::rank_window`]).

@@ -1003,6 +1003,25 @@ fn a_member_told_of_a_hub_it_outranks_forgets_the_one_it_pushed_to_and_heads() {
 }
 
 #[test]
+fn a_node_peers_cannot_dial_keeps_its_hub_when_the_hub_names_it() {
+    let mut node = Node::new(2, 20, config());
+    node.set_dialable(false);
+    node.view.learn([(1, 10)]);
+    node.joined = Some(1);
+    let asked = start(&mut node, 0, "p2");
+    assert!(pushes_to(&asked, 1), "{asked:?}");
+    // The hub does not know yet that this node is behind NAT, and names it.
+    answer(&mut node, 5, 1, 0, Answer::NotHub { hub: 2, rank: 20 });
+    let report = finished(&drain(&mut node)).expect("the round ends at once");
+    assert_eq!((report.role, report.hub), (Role::Member, 1));
+    assert!(report.missed, "no merge this round: {report:?}");
+    // It neither heads nor forgets its hub: it takes no push, and pushes to the hub again.
+    assert_eq!(node.hub(), 1);
+    let asked = start(&mut node, 1, "p2");
+    assert!(pushes_to(&asked, 1), "{asked:?}");
+}
+
+#[test]
 fn a_member_back_after_missing_rounds_joins_its_hub_anew() {
     let mut node = Node::new(1, 30, config());
     node.view.learn([(2, 20)]);
