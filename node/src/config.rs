@@ -113,6 +113,47 @@ impl ExchangeKind {
     }
 }
 
+/// What a node run with `relay_server` grants peers behind NAT (the `[relay_limits]` table of
+/// `kindred.toml`). Circuits carry signalling and hole punching only, never exchange data, so
+/// small limits fit; the defaults are libp2p's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RelayLimits {
+    /// Reservations held at once. Default 128.
+    pub max_reservations: usize,
+    /// Circuits open at once. Default 16.
+    pub max_circuits: usize,
+    /// A circuit's longest life, seconds. Default 120.
+    pub max_circuit_secs: u64,
+    /// Bytes a circuit carries at most. Default 131,072.
+    pub max_circuit_bytes: u64,
+}
+
+impl Default for RelayLimits {
+    fn default() -> Self {
+        let d = kindred_routing::RelayServerConfig::default();
+        Self {
+            max_reservations: d.max_reservations,
+            max_circuits: d.max_circuits,
+            max_circuit_secs: d.max_circuit_duration.as_secs(),
+            max_circuit_bytes: d.max_circuit_bytes,
+        }
+    }
+}
+
+impl RelayLimits {
+    /// The routing layer's relay settings.
+    pub fn server_config(&self) -> kindred_routing::RelayServerConfig {
+        kindred_routing::RelayServerConfig {
+            max_reservations: self.max_reservations,
+            max_circuits: self.max_circuits,
+            max_circuit_duration: std::time::Duration::from_secs(self.max_circuit_secs),
+            max_circuit_bytes: self.max_circuit_bytes,
+            ..kindred_routing::RelayServerConfig::default()
+        }
+    }
+}
+
 /// The built-in trainer's task and schedule.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -211,8 +252,10 @@ pub struct NodeConfig {
     /// Default false.
     pub upnp: bool,
     /// Serve relay v2 reservations and circuits to peers behind NAT, so they can be reached
-    /// for hole punching (a public node). Default false.
+    /// for hole punching (a public node), within `relay_limits`. Default false.
     pub relay_server: bool,
+    /// What a relay this node serves grants (the `[relay_limits]` table).
+    pub relay_limits: RelayLimits,
     /// Address of the local HTTP API (status, metrics, external trainer). Loopback by default.
     pub api: Option<SocketAddr>,
     /// Target length of one round, seconds.
@@ -261,6 +304,7 @@ impl Default for NodeConfig {
             swarm_key: None,
             upnp: false,
             relay_server: false,
+            relay_limits: RelayLimits::default(),
             api: Some(SocketAddr::from(([127, 0, 0, 1], 7070))),
             round_secs: 10.0,
             rounds: None,
@@ -327,6 +371,10 @@ impl NodeConfig {
             return bad("snapshot_share must be in (0, 1]");
         }
         self.api_limits.validate().map_err(ConfigError::Invalid)?;
+        let r = &self.relay_limits;
+        if r.max_reservations == 0 || r.max_circuits == 0 || r.max_circuit_secs == 0 {
+            return bad("relay_limits: reservations, circuits and seconds must be at least 1");
+        }
         let t = &self.trainer;
         if t.shards == 0 || t.shard >= t.shards {
             return bad("trainer.shard must be below trainer.shards");

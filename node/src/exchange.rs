@@ -26,7 +26,10 @@
 //!   node applies, evaluates and checkpoints before the next round starts.
 //!
 //! Ranks are `kindred_routing::hub_rank_at` of each peer's identity in the round's rank
-//! window, computed here, never taken from the network. What persists across a restart is
+//! window, computed here, never taken from the network; a peer behind NAT (the routing task
+//! saw only relayed addresses for it, or a relayed address in its identify), and this node
+//! while it is one, ranks after every dialable peer (`kindred_routing::relay_only_rank`): a
+//! hub must accept its members' connections. What persists across a restart is
 //! the core's snapshot and the hub distiller's state ([`HubDriver::persist`]).
 
 use std::collections::{BTreeMap, HashMap, HashSet};

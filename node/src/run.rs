@@ -148,7 +148,7 @@ pub async fn run(
     routing_config.transport.upnp = config.upnp;
     routing_config.transport.relay_server = config
         .relay_server
-        .then(kindred_routing::RelayServerConfig::default);
+        .then(|| config.relay_limits.server_config());
     if let Some(path) = &config.swarm_key {
         routing_config.transport.swarm_key = Some(read_swarm_key(path)?);
         // pnet wraps TCP only: a private swarm skips QUIC listen addresses (the default has one).
@@ -629,6 +629,9 @@ async fn run_hub_round(
         bytes_out = packet_bytes,
         wire_out = routing_metrics.as_ref().map_or(0, |m| m.wire_bytes_out),
         rpc_out = routing_metrics.as_ref().map_or(0, rpc_bytes_out),
+        packet_s = format_args!("{:.2}", timings.packet_seconds),
+        exchange_s = format_args!("{:.2}", timings.exchange_seconds),
+        round_s = format_args!("{:.2}", timings.round_seconds),
         "round done"
     );
     let record = RoundRecord {

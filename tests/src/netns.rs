@@ -8,6 +8,9 @@
 //! mapping: the port a peer observes is the port every peer can punch to); a symmetric one
 //! picks a random port for every new destination (`masquerade fully-random`), so the port a
 //! relay observes is useless to anyone else.
+//!
+//! [`Topology::with_wan_loss`] drops a share of the packets each way on every router's WAN
+//! link (nftables `numgen`). Delay needs `tc netem`, which not every kernel has: none here.
 
 use std::path::Path;
 use std::process::Command;
@@ -26,6 +29,8 @@ pub enum Nat {
 pub struct Topology {
     prefix: String,
     namespaces: Vec<String>,
+    /// Percent of packets dropped each way on routers' WAN links.
+    wan_loss: u8,
 }
 
 /// The "internet" prefix length (one /24 of TEST-NET-3).
@@ -41,11 +46,19 @@ impl Topology {
         let mut t = Self {
             prefix,
             namespaces: Vec::new(),
+            wan_loss: 0,
         };
         let inet = t.add_ns("inet")?;
         run("ip", &["-n", &inet, "link", "add", "br0", "type", "bridge"])?;
         run("ip", &["-n", &inet, "link", "set", "br0", "up"])?;
         Ok(t)
+    }
+
+    /// Routers made from now on drop `percent` of their WAN packets each way.
+    #[must_use]
+    pub fn with_wan_loss(mut self, percent: u8) -> Self {
+        self.wan_loss = percent.min(100);
+        self
     }
 
     /// The full name of namespace `short`.
@@ -177,6 +190,17 @@ impl Topology {
              chain forward {{\n  type filter hook forward priority 0;\n  \
              iifname \"wan0\" ct state new drop\n }}\n}}\n"
         );
+        let rules = if self.wan_loss > 0 {
+            let loss = self.wan_loss;
+            format!(
+                "{rules}table inet loss {{\n chain pre {{\n  type filter hook prerouting priority \
+                 -300;\n  iifname \"wan0\" numgen random mod 100 < {loss} drop\n }}\n \
+                 chain post {{\n  type filter hook postrouting priority 300;\n  \
+                 oifname \"wan0\" numgen random mod 100 < {loss} drop\n }}\n}}\n"
+            )
+        } else {
+            rules
+        };
         let file = std::env::temp_dir().join(format!("{router}.nft"));
         std::fs::write(&file, rules).map_err(|e| format!("{}: {e}", file.display()))?;
         let loaded = run(
