@@ -302,6 +302,10 @@ pub struct Status {
     /// Relay reservations granted to this node since start (renewals not counted).
     #[serde(default)]
     pub relay_reservations: u64,
+    /// This node and every peer of its cohort are behind NAT: its hub is one of them, reached
+    /// only where a hole punch succeeds (a node with a forwarded port would head the cohort).
+    #[serde(default)]
+    pub no_dialable_peer: bool,
     /// Completed rounds of this run, oldest first (at most the last 1,000).
     pub history: Vec<RoundRecord>,
 }

@@ -250,6 +250,9 @@ pub struct HubDriver {
     /// Peers that others cannot dial (this node too, when it is one), as the routing task
     /// last said: ranked after every dialable peer ([`relay_only_rank`]).
     relay_only: HashSet<PeerId>,
+    /// The node and every peer of its cohort are behind NAT: its hub is one of them, reached
+    /// only where a hole was punched (said once in the log when it starts and ends).
+    no_dialable_peer: bool,
 }
 
 impl HubDriver {
@@ -308,6 +311,7 @@ impl HubDriver {
             finished: None,
             stats: HubRoundStats::default(),
             relay_only: HashSet::new(),
+            no_dialable_peer: false,
         })
     }
 
@@ -482,6 +486,11 @@ impl HubDriver {
         reachable_rank(peer, self.core.rank_window(), &self.relay_only)
     }
 
+    /// Whether this node and every peer of its cohort are behind NAT (as of its last round).
+    pub fn no_dialable_peer(&self) -> bool {
+        self.no_dialable_peer
+    }
+
     /// Ask the routing task which peers others cannot dial (this node too: while AutoNAT
     /// says it is private, while it holds a relay reservation, and before AutoNAT's first
     /// verdict if none of its addresses looks dialable); whether that changed.
@@ -504,6 +513,22 @@ impl HubDriver {
         self.core.set_dialable(dialable);
         if !dialable {
             relay_only.insert(self.own);
+        }
+        let cohort = self.core.cohort();
+        let no_dialable_peer =
+            !dialable && !cohort.is_empty() && cohort.members().all(|p| relay_only.contains(p));
+        if no_dialable_peer != self.no_dialable_peer {
+            self.no_dialable_peer = no_dialable_peer;
+            if no_dialable_peer {
+                tracing::warn!(
+                    cohort = cohort.len(),
+                    "exchange: no dialable peer in this node's cohort (all behind NAT): its hub \
+                     is one of them, reached only where a hole punch succeeds; a node with a \
+                     forwarded port or a public address would head it"
+                );
+            } else {
+                tracing::info!("exchange: the cohort has a dialable peer again");
+            }
         }
         if relay_only == self.relay_only {
             return false;

@@ -659,6 +659,7 @@ async fn run_hub_round(
         info.as_ref(),
         routing_metrics.as_ref(),
     );
+    shared.set_status(|s| s.no_dialable_peer = hub.no_dialable_peer());
     Ok(())
 }
 

@@ -29,7 +29,7 @@ use crate::addr_book::AddrBook;
 use crate::behaviour::{Behaviour, BehaviourEvent, KAD_PROTOCOL};
 use crate::bootstrap::{BootstrapGovernor, Verdict};
 use crate::codec::{CodecError, WireRequest};
-use crate::config::RoutingConfig;
+use crate::config::{KadMode, RoutingConfig};
 use crate::core::{AnnounceError, AnnounceId, AnnounceReport, Output, RequestFailure, RoutingCore};
 use crate::exchange_rpc::{
     ExchangeCallId, ExchangeError, ExchangeReply, ExchangeResponder, Inbound, InboundExchange,
@@ -693,12 +693,17 @@ impl Driver {
 
     /// While peers cannot dial this node, hold reservations with up to [`MAX_RESERVATIONS`]
     /// relays, so that it has a circuit address for peers to reach it by and punch a hole
-    /// from; once they can, give them up.
+    /// from, and keep Kademlia in client mode (the circuit address would make it a server,
+    /// and its DHT answers would cross relays); once they can, give them up.
     fn reserve_relays(&mut self) {
         let private = matches!(
             self.swarm.behaviour().autonat.nat_status(),
             libp2p::autonat::NatStatus::Private
         );
+        if self.config.kad.mode == KadMode::Auto {
+            let mode = private.then_some(kad::Mode::Client);
+            self.swarm.behaviour_mut().kad.set_mode(mode);
+        }
         if !private {
             for (relay, listener) in self.nat.reservations.drain() {
                 tracing::info!(%relay, "relay: reservation given up (peers dial this node)");

@@ -218,7 +218,14 @@ fn nodes_behind_nat_punch_holes_and_only_dialable_nodes_head_cohorts() {
             .all(|r| r.exchange.as_ref().unwrap().hub == relay.peer)
     );
 
-    // The cone-NAT pair: a direct connection, punched, carrying their exchange.
+    assert!(!s_st.no_dialable_peer, "s's cohort has the public node");
+
+    // The cone-NAT pair: a cohort with no dialable peer (their status says so), exchanging
+    // over a punched direct connection.
+    assert!(
+        a_st.no_dialable_peer && b_st.no_dialable_peer,
+        "a and b say their cohort has no dialable peer"
+    );
     assert!(
         a_st.hole_punches + b_st.hole_punches >= 1,
         "no hole punched between a and b"
