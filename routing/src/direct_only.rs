@@ -119,7 +119,7 @@ impl<B> DirectOnly<B> {
         self.timer = None;
     }
 
-    fn note_closed(&mut self, peer: PeerId, id: ConnectionId) -> bool {
+    fn note_closed(&mut self, peer: PeerId, id: ConnectionId) {
         for map in [&mut self.direct, &mut self.relayed] {
             if let Some(ids) = map.get_mut(&peer)
                 && ids.remove(&id)
@@ -127,10 +127,9 @@ impl<B> DirectOnly<B> {
                 if ids.is_empty() {
                     map.remove(&peer);
                 }
-                return true;
+                return;
             }
         }
-        false
     }
 }
 

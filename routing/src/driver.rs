@@ -51,6 +51,8 @@ const ADDR_BOOK_PEERS: usize = 8192;
 const MAX_RESERVATIONS: usize = 2;
 /// Relays remembered as candidates for a reservation.
 const MAX_RELAYS: usize = 16;
+/// Pause before a relay whose reservation ended is asked again.
+const RESERVATION_RETRY: std::time::Duration = std::time::Duration::from_secs(30);
 /// Peers remembered as met through a relay.
 const MAX_VIA_RELAY: usize = 4096;
 /// The relay v2 hop protocol: a peer that lists it in identify serves reservations.
@@ -107,6 +109,8 @@ struct NatTraversal {
     relays: HashMap<PeerId, Multiaddr>,
     /// The listener of each relay reservation asked for or held.
     reservations: HashMap<PeerId, ListenerId>,
+    /// Relays whose reservation ended, and when to ask them again.
+    retry_at: HashMap<PeerId, Instant>,
     /// Peers met through a relay (bounded: cleared when full): never asked for AutoNAT
     /// dial-backs, which would pass through the hole punched with them.
     via_relay: HashSet<PeerId>,
@@ -526,6 +530,7 @@ impl Driver {
     fn on_swarm_event(&mut self, event: SwarmEvent<BehaviourEvent>) {
         self.on_swarm_event_inner(event);
         self.govern_bootstraps();
+        self.reserve_relays();
     }
 
     fn on_swarm_event_inner(&mut self, event: SwarmEvent<BehaviourEvent>) {
@@ -658,11 +663,12 @@ impl Driver {
                     .find(|(_, l)| **l == listener_id)
                     .map(|(p, _)| *p);
                 if let Some(relay) = closed {
-                    // Asked again once identify names it a relay again.
+                    // Asked again after a pause (the relay restarting, or refusing for now).
                     self.nat.reservations.remove(&relay);
-                    self.nat.relays.remove(&relay);
+                    self.nat
+                        .retry_at
+                        .insert(relay, Instant::now() + RESERVATION_RETRY);
                     tracing::info!(%relay, ?reason, "relay: reservation ended");
-                    self.reserve_relays();
                 }
             }
             SwarmEvent::NewListenAddr { address, .. }
@@ -695,27 +701,48 @@ impl Driver {
     /// relays, so that it has a circuit address for peers to reach it by and punch a hole
     /// from, and keep Kademlia in client mode (the circuit address would make it a server,
     /// and its DHT answers would cross relays); once they can, give them up.
-    fn reserve_relays(&mut self) {
-        let private = matches!(
-            self.swarm.behaviour().autonat.nat_status(),
-            libp2p::autonat::NatStatus::Private
-        );
+    fn on_reachability(&mut self) {
+        let private = self.is_private();
         if self.config.kad.mode == KadMode::Auto {
             let mode = private.then_some(kad::Mode::Client);
             self.swarm.behaviour_mut().kad.set_mode(mode);
         }
-        if !private {
+        if private {
+            self.reserve_relays();
+        } else {
             for (relay, listener) in self.nat.reservations.drain() {
                 tracing::info!(%relay, "relay: reservation given up (peers dial this node)");
                 self.swarm.remove_listener(listener);
             }
+        }
+    }
+
+    fn is_private(&self) -> bool {
+        matches!(
+            self.swarm.behaviour().autonat.nat_status(),
+            libp2p::autonat::NatStatus::Private
+        )
+    }
+
+    /// While private, ask relays for reservations up to [`MAX_RESERVATIONS`] (a relay whose
+    /// reservation ended is asked again after [`RESERVATION_RETRY`]). Cheap when there is
+    /// nothing to do: it runs after every swarm event.
+    fn reserve_relays(&mut self) {
+        if self.nat.reservations.len() >= MAX_RESERVATIONS
+            || self.nat.relays.len() <= self.nat.reservations.len()
+            || !self.is_private()
+        {
             return;
         }
+        let now = Instant::now();
+        self.nat.retry_at.retain(|_, at| *at > now);
         let wanted: Vec<(PeerId, Multiaddr)> = self
             .nat
             .relays
             .iter()
-            .filter(|(p, _)| !self.nat.reservations.contains_key(p))
+            .filter(|(p, _)| {
+                !self.nat.reservations.contains_key(p) && !self.nat.retry_at.contains_key(p)
+            })
             .take(MAX_RESERVATIONS.saturating_sub(self.nat.reservations.len()))
             .map(|(p, a)| (*p, a.clone()))
             .collect();
@@ -771,7 +798,7 @@ impl Driver {
     fn on_autonat(&mut self, e: libp2p::autonat::Event) {
         match e {
             libp2p::autonat::Event::StatusChanged { old, new } => {
-                self.reserve_relays();
+                self.on_reachability();
                 let (status, was) = (NatStatus::from(&new), NatStatus::from(&old));
                 match &new {
                     libp2p::autonat::NatStatus::Public(addr) => tracing::info!(

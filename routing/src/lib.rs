@@ -21,9 +21,11 @@
 //!   ([`scoring`]), the local index ([`index`]), model snapshot fetches ([`snapshot`]) and
 //!   counters ([`metrics`]). Takes `now` and inputs, returns [`Output`]s.
 //! - The libp2p layer: [`behaviour`] (identity gate + ban list + limits + kad + identify + ping +
-//!   request-response), [`identity_gate`] (refuses weak or non-canonical identity keys, which
-//!   Noise accepts), [`codec`] (framing with size limits; invalid requests reach the driver to be
-//!   scored), [`transport`] (TCP/memory, pnet, Noise, yamux).
+//!   AutoNAT ([`reachability`]) + relay v2 + DCUtR + request-response), [`identity_gate`]
+//!   (refuses weak or non-canonical identity keys, which Noise accepts), [`codec`] (framing with
+//!   size limits; invalid requests reach the driver to be scored), [`direct_only`] (the RPCs
+//!   never run over a relayed connection), [`transport`] (TCP/QUIC/memory, relay circuits,
+//!   pnet, Noise, yamux).
 //! - The tokio driver: [`spawn`] returns a [`RoutingHandle`] (async `announce`,
 //!   `find_partners`, `fetch_snapshot`, `dial`, `bootstrap`, `metrics`) and a bounded [`RoutingEvent`] stream.
 //!   Requests are served from the node's storage through [`store::PacketStore`].

@@ -42,7 +42,10 @@ impl Topology {
     /// # Errors
     /// The first `ip` command that failed (not root, no `ip`, no namespace support).
     pub fn new() -> Result<Self, String> {
-        let prefix = format!("kn{}", std::process::id() % 100_000);
+        // Unique per process and per topology within it.
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let prefix = format!("kn{}x{n}", std::process::id() % 100_000);
         let mut t = Self {
             prefix,
             namespaces: Vec::new(),

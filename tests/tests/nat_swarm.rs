@@ -73,8 +73,14 @@ fn merged(r: &kindred_node::api::RoundRecord) -> bool {
         .is_some_and(|e| e.applied.contains("merge") || e.merged > 0)
 }
 
+/// One NAT test at a time: each runs several nodes on a 2-core machine, on wall-clock rounds.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn nodes_behind_nat_punch_holes_and_only_dialable_nodes_head_cohorts() {
+    let _one = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let Some(topo) = topology_or_skip() else {
         return;
     };
@@ -248,5 +254,52 @@ fn nodes_behind_nat_punch_holes_and_only_dialable_nodes_head_cohorts() {
     assert!(
         pair_merges >= 10,
         "a and b merged in {pair_merges} rounds only"
+    );
+}
+
+#[test]
+fn a_node_behind_nat_reserves_again_when_its_relay_restarts() {
+    let _one = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let Some(mut topo) = topology_or_skip() else {
+        return;
+    };
+    let public = topo.public_host("pub", PUBLIC_IP).unwrap();
+    let home = topo
+        .home_host("a", "203.0.113.21", "192.168.1.2", Nat::Cone)
+        .unwrap();
+    let dir = TempDir::new("nat-restart");
+    let mut relay_config = node_config("nat-restart", 0, 0, 2, 2.0);
+    relay_config.relay_server = true;
+    let mut relay =
+        NodeProc::init_in_netns(dir.path().join("pub"), relay_config, &public, PUBLIC_IP);
+    relay.start();
+    assert!(wait_for(Duration::from_secs(30), || relay.status()).is_some());
+    let mut config = node_config("nat-restart", 0, 1, 2, 2.0);
+    config.bootstrap = vec![relay.bootstrap_addr()];
+    let mut node = NodeProc::init_in_netns(dir.path().join("a"), config, &home, "192.168.1.2");
+    node.start_with_env(&[("RUST_LOG", &log_filter())]);
+    let reserved = |n: &NodeProc, count: u64| {
+        n.status()
+            .filter(|s| s.relay_reservations >= count && !s.relays.is_empty())
+            .map(|_| ())
+    };
+    assert!(
+        wait_for(Duration::from_secs(60), || reserved(&node, 1)).is_some(),
+        "no first reservation:\n{}",
+        node.log()
+    );
+    // The relay dies and comes back with the same identity: the node asks again (after the
+    // 30-s pause) and holds a reservation once more.
+    relay.kill9();
+    relay.start();
+    let again = wait_for(Duration::from_secs(90), || reserved(&node, 2));
+    let log = node.log();
+    node.stop_cleanly(Duration::from_secs(20));
+    relay.stop_cleanly(Duration::from_secs(20));
+    assert!(
+        again.is_some(),
+        "no reservation after the relay restarted:\n{log}"
     );
 }
