@@ -656,6 +656,7 @@ impl HubDriver {
                 round,
                 packet,
                 known,
+                ..
             } => {
                 let Some(Blob::Own { header, body, .. }) = self.blobs.get(&packet) else {
                     return Ok(());
@@ -680,8 +681,11 @@ impl HubDriver {
             }
             Output::Answer { to, round, answer } => {
                 let answer = match answer {
-                    Answer::Accepted => HubAnswer::Accepted,
+                    Answer::Accepted { .. } => HubAnswer::Accepted,
                     Answer::NotHub { hub, .. } => HubAnswer::NotHub(hub),
+                    // The node runs one hub per cohort (`ExchangeConfig::fanout` is `None`):
+                    // the wire has no tree answers yet, and a hint reads as a redirect.
+                    Answer::Full { hint, .. } => HubAnswer::NotHub(hint),
                     Answer::Busy => HubAnswer::Busy,
                     Answer::Late => HubAnswer::Late,
                     Answer::Refused { foreign } => HubAnswer::Refused { foreign },
@@ -700,6 +704,7 @@ impl HubDriver {
                 round,
                 own,
                 members,
+                ..
             } => {
                 let began = std::time::Instant::now();
                 let merge = self.hub_merge(engine, round, own, &members)?;
@@ -839,6 +844,7 @@ impl HubDriver {
                         packet: handle,
                         cosine,
                         known,
+                        via: None,
                     },
                 );
             }
@@ -953,7 +959,7 @@ impl HubDriver {
                 };
                 self.stats.push_bytes += bytes as u64;
                 let answer = self.core_answer(answer);
-                let accepted = answer == Answer::Accepted;
+                let accepted = matches!(answer, Answer::Accepted { .. });
                 self.core.handle(
                     now,
                     Input::AnswerReceived {
@@ -1038,7 +1044,7 @@ impl HubDriver {
     /// A hub's answer as the core takes it, a redirect's hub ranked here.
     fn core_answer(&self, answer: HubAnswer) -> Answer<PeerId> {
         match answer {
-            HubAnswer::Accepted => Answer::Accepted,
+            HubAnswer::Accepted => Answer::Accepted { depth: 0 },
             HubAnswer::NotHub(hub) => Answer::NotHub {
                 hub,
                 rank: self.rank(&hub),
@@ -1365,10 +1371,13 @@ fn rank(peer: &PeerId, window: u64) -> u64 {
 
 /// The exchange's parameters for rounds of `round_ms` and key windows of `key_window` rounds
 /// (the routing's discovery period, `NodeConfig::discovery_every`): the core's defaults, with
-/// a push's answer awaited at most a sixth of the round (5 s in rounds of 30 s or more).
+/// a push's answer awaited at most a sixth of the round (5 s in rounds of 30 s or more), and
+/// one hub per cohort: the wire does not carry a tree's answers yet
+/// ([`ExchangeConfig::fanout`]), so a hub takes up to `max_pushers` pushes.
 pub fn exchange_config(round_ms: u64, key_window: u64) -> ExchangeConfig {
     let mut config = ExchangeConfig {
         key_window,
+        fanout: None,
         ..ExchangeConfig::default()
     };
     config.timing.answer_ms = config.timing.answer_ms.min(round_ms / 6).max(100);

@@ -100,10 +100,18 @@ struct Net {
     /// that are not symmetric, as a band miss leaves them.
     hidden: BTreeSet<u32>,
     violations: Vec<String>,
+    /// Bounded hubs ([`ExchangeConfig::fanout`]).
+    fanout: Option<usize>,
 }
 
 fn config() -> ExchangeConfig {
+    tree_config(None)
+}
+
+/// The harness's config, with bounded hubs of fan-in `fanout` if `Some`.
+fn tree_config(fanout: Option<usize>) -> ExchangeConfig {
     ExchangeConfig {
+        fanout,
         local_rounds: 1,
         search_every: 4,
         timing: Timing {
@@ -153,7 +161,17 @@ impl Net {
             announced: BTreeSet::new(),
             hidden: BTreeSet::new(),
             violations: Vec::new(),
+            fanout: None,
         }
+    }
+
+    /// The same nodes with bounded hubs of fan-in `m`: cohorts become trees.
+    fn with_fanout(mut self, m: usize) -> Self {
+        self.fanout = Some(m);
+        for (i, n) in self.nodes.iter_mut().enumerate() {
+            n.core = Some(Exchange::new(i as u32, n.rank, tree_config(self.fanout)));
+        }
+        self
     }
 
     fn node(&self, i: u32) -> &Node {
@@ -284,6 +302,7 @@ impl Net {
                 round,
                 packet,
                 known,
+                via,
             } => {
                 if self.is_up(to) {
                     let input = Input::PushReceived {
@@ -293,6 +312,7 @@ impl Net {
                         packet,
                         cosine: self.cosine(to, i),
                         known,
+                        via,
                     };
                     self.send(to, input);
                 }
@@ -316,11 +336,25 @@ impl Net {
                 round,
                 own,
                 members,
+                ..
             } => {
+                // A sub-hub's merge brings its children's tasks (and poison) with it.
                 let mut tasks = BTreeSet::new();
+                let mut poisoned = hostile;
                 for (_, p) in std::iter::once((i, own)).chain(members) {
-                    if let Blob::Packet { task, .. } = p {
-                        tasks.insert(task);
+                    match p {
+                        Blob::Packet { task, .. } => {
+                            tasks.insert(task);
+                        }
+                        Blob::Merge {
+                            tasks: t,
+                            poisoned: p,
+                            ..
+                        } => {
+                            tasks.extend(t);
+                            poisoned |= p;
+                        }
+                        Blob::Model { .. } => {}
                     }
                 }
                 if !hostile && tasks.len() > 1 {
@@ -331,7 +365,7 @@ impl Net {
                     hub: i,
                     round,
                     tasks,
-                    poisoned: hostile,
+                    poisoned,
                 };
                 self.local(
                     i,
@@ -363,6 +397,18 @@ impl Net {
                 merge,
                 listed,
             } => {
+                // A hostile sub-hub poisons the merge it passes down.
+                let merge = match merge {
+                    Blob::Merge {
+                        hub, round, tasks, ..
+                    } if hostile && hub != i => Blob::Merge {
+                        hub: i,
+                        round,
+                        tasks,
+                        poisoned: true,
+                    },
+                    other => other,
+                };
                 for (m, fresh) in to {
                     if self.is_up(m) {
                         let cosine = self.cosine(m, i);
@@ -495,10 +541,10 @@ impl Net {
                 let node = &mut self.nodes[i as usize];
                 if node.core.is_none() && node.back_at <= round {
                     node.core = Some(match node.saved.clone() {
-                        Some(s) => Exchange::restore(config(), s).unwrap(),
+                        Some(s) => Exchange::restore(tree_config(self.fanout), s).unwrap(),
                         None => {
                             node.first_round = round;
-                            Exchange::new(i, node.rank, config())
+                            Exchange::new(i, node.rank, tree_config(self.fanout))
                         }
                     });
                 }
@@ -549,6 +595,44 @@ impl Net {
                 }
             }
         }
+    }
+
+    /// The node at the top of `i`'s tree in `round`: the (sub-)hubs it pushed to, followed up
+    /// to one that was its own hub.
+    fn root(&self, i: u32, round: u64) -> Option<u32> {
+        let mut at = i;
+        for _ in 0..self.nodes.len() {
+            match self.node(at).reports.get(&round)? {
+                (_, hub, Role::Member, _) if *hub != at => at = *hub,
+                _ => return Some(at),
+            }
+        }
+        None
+    }
+
+    /// In `round`, each task's honest nodes are one tree, under one root, and applied one
+    /// merge.
+    fn converged_tree(&self, round: u64) -> Result<(), String> {
+        for task in 0..TASKS {
+            let nodes: Vec<u32> = (0..self.nodes.len() as u32)
+                .filter(|&i| self.node(i).task == task && !self.node(i).hostile)
+                .collect();
+            let roots: BTreeSet<Option<u32>> = nodes.iter().map(|&i| self.root(i, round)).collect();
+            if roots.len() != 1 {
+                return Err(format!("task {task} round {round}: roots {roots:?}"));
+            }
+            let merges: BTreeSet<Option<&Blob>> = nodes
+                .iter()
+                .map(|&i| match self.node(i).reports.get(&round) {
+                    Some((_, _, _, Apply::Merge { merge, .. })) => Some(merge),
+                    _ => None,
+                })
+                .collect();
+            if merges.len() != 1 || merges.contains(&None) {
+                return Err(format!("task {task} round {round}: merges {merges:?}"));
+            }
+        }
+        Ok(())
     }
 
     /// In `round`, each task's honest nodes are one cohort: one hub, whose merge every other
@@ -678,6 +762,32 @@ fn members_ban_a_hub_whose_merges_fail_their_checks() {
     net.converged(11).unwrap();
 }
 
+/// Bounded hubs of fan-in 3: each task of 8 is a tree of depth 2 or more, under one root,
+/// and every node applies the root's merge.
+#[test]
+fn with_bounded_hubs_each_task_forms_one_tree_under_one_root() {
+    let mut net = Net::new(16, 7, 0.0, &[], 0.0).with_fanout(3);
+    net.run(0..10, &[]);
+    net.check_rounds();
+    assert_eq!(net.violations, Vec::<String>::new());
+    for round in 6..10 {
+        net.converged_tree(round).unwrap();
+    }
+    // Pushes between a node and its root in the last round (bounded: a cycle would fail).
+    let depth = |i: u32| {
+        let mut at = i;
+        for d in 0..16 {
+            match net.node(at).reports.get(&9) {
+                Some((_, hub, Role::Member, _)) if *hub != at => at = *hub,
+                _ => return d,
+            }
+        }
+        panic!("node {i}: no root within 16 pushes");
+    };
+    let deepest = (0..16).map(depth).max();
+    assert!(deepest >= Some(2), "{deepest:?}");
+}
+
 fn crashes(nodes: u32, until: u64) -> impl Strategy<Value = Vec<Crash>> {
     proptest::collection::vec(
         (1..until, 0..nodes, 0..DEADLINE_MS, 1u64..4, any::<bool>()),
@@ -702,38 +812,52 @@ const FAULTY: u64 = 10;
 const SETTLE: u64 = 12;
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 128, failure_persistence: None, ..ProptestConfig::default() })]
 
     /// Loss and crashes: every round ends by its deadline, nothing unchecked or foreign is
-    /// applied, and once faults stop each task converges to one hub.
+    /// applied, and once faults stop each task converges to one hub (or one tree).
     #[test]
     fn faults_never_break_the_invariants_and_cohorts_converge_once_they_stop(
         seed in any::<u64>(),
         nodes in 6u32..14,
+        fanout in proptest::option::of(2usize..5),
         loss in 0.0f64..0.3,
         crashes in crashes(14, FAULTY),
     ) {
         let crashes: Vec<Crash> = crashes.into_iter().filter(|c| c.node < nodes).collect();
         let mut net = Net::new(nodes, seed, loss, &[], 0.0);
+        if let Some(m) = fanout {
+            net = net.with_fanout(m);
+        }
         net.run(0..FAULTY, &crashes);
         net.loss = 0.0;
         net.run(FAULTY..FAULTY + SETTLE, &[]);
         net.check_rounds();
         prop_assert_eq!(&net.violations, &Vec::<String>::new());
         let last = FAULTY + SETTLE - 1;
-        prop_assert_eq!(net.converged(last), Ok(()));
+        // With bounded hubs (trees of fan-in 2 to 4), one tree per task.
+        let converged = match fanout {
+            Some(_) => net.converged_tree(last),
+            None => net.converged(last),
+        };
+        prop_assert_eq!(converged, Ok(()));
     }
 
-    /// Lookalike sketches across tasks and hostile hubs: the checks keep every merge pure.
+    /// Lookalike sketches across tasks and hostile hubs (and sub-hubs, with bounded hubs): the
+    /// checks keep every merge pure.
     #[test]
     fn lookalikes_and_hostile_hubs_never_get_into_an_applied_merge(
         seed in any::<u64>(),
         nodes in 6u32..14,
+        fanout in proptest::option::of(2usize..5),
         loss in 0.0f64..0.2,
         lookalike in 0.0f64..0.5,
         hostile in proptest::collection::vec(0u32..14, 0..3),
     ) {
         let mut net = Net::new(nodes, seed, loss, &hostile, lookalike);
+        if let Some(m) = fanout {
+            net = net.with_fanout(m);
+        }
         net.run(0..16, &[]);
         net.check_rounds();
         prop_assert_eq!(&net.violations, &Vec::<String>::new());

@@ -23,6 +23,20 @@ pub struct Timing {
     /// for it ([`super::Output::FetchMerge`]): the merge it was sent may have been lost.
     /// Default 800.
     pub merge_ask_permille: u16,
+    /// With bounded hubs ([`ExchangeConfig::fanout`]), a sub-hub at depth `d` of its cohort's
+    /// tree closes its admission `d` times this share before the root does
+    /// ([`Timing::collect_permille`]), so its merge reaches its parent before the parent
+    /// closes. Default 100 (a level is 6 s of a 60-s round: a merge and a push).
+    pub level_permille: u16,
+}
+
+impl Timing {
+    /// When a hub at depth `depth` of its tree closes its admission, in thousandths of the
+    /// round (the root, depth 0, at [`Timing::collect_permille`]).
+    pub fn close_permille(&self, depth: u8) -> u16 {
+        self.collect_permille
+            .saturating_sub(self.level_permille.saturating_mul(u16::from(depth)))
+    }
 }
 
 impl Default for Timing {
@@ -32,6 +46,7 @@ impl Default for Timing {
             collect_permille: 600,
             answer_ms: 5_000,
             merge_ask_permille: 800,
+            level_permille: 100,
         }
     }
 }
@@ -112,7 +127,18 @@ pub struct ExchangeConfig {
     /// ([`crate::LookupConfig::max_providers`]).
     pub max_providers: usize,
     /// Most pushes a hub takes in a round; further pushers are answered busy. Default 256.
+    /// With bounded hubs ([`ExchangeConfig::fanout`]) the fanout bounds them instead.
     pub max_pushers: usize,
+    /// Bounded hubs: `Some(m)` and a hub admits at most `m` pushes a round; the next pusher is
+    /// told to push to one of them ([`super::Answer::Full`]), which takes it as a child: a
+    /// member holding children is a *sub-hub*, which merges them with its own packet when its
+    /// level closes ([`Timing::level_permille`]), pushes that merge up in place of its packet,
+    /// and passes the merge it gets from above down to its children. A cohort is then a tree of
+    /// fan-in `m` and depth log_m of its size, and no node merges more than `m` updates a round
+    /// (DESIGN §8). A member keeps pushing to the (sub-)hub whose merge it applied last while
+    /// that one serves it. `None` (the default): one hub merges the whole cohort, up to
+    /// [`ExchangeConfig::max_pushers`]; the node's wire does not carry the tree's answers yet.
+    pub fanout: Option<usize>,
     /// Misses in a row (no answer, busy, no merge by the deadline) after which a member
     /// forgets its hub and moves to the next rank. Default 2.
     pub max_misses: u32,
@@ -150,6 +176,17 @@ pub struct ExchangeConfig {
 }
 
 impl ExchangeConfig {
+    /// The deepest level of a tree whose sub-hubs still take children: one whose admission
+    /// closes after the round's searches end ([`Timing::search_permille`]), so that a member
+    /// that searched can still reach it. 3 with the default timing.
+    pub fn max_depth(&self) -> u8 {
+        let t = &self.timing;
+        (0..=u8::MAX)
+            .take_while(|&d| t.close_permille(d) > t.search_permille)
+            .last()
+            .unwrap_or(0)
+    }
+
     /// The semantic keys the hub exchange searches and announces under: 3 bands of 4 bits
     /// (multi-probe keys only while a view is small, [`ExchangeConfig::probes`]). A search only
     /// has to find one peer of the node's cohort (views spread the rest), so a few coarse bands
@@ -182,6 +219,7 @@ impl Default for ExchangeConfig {
             max_members: 1024,
             max_providers: 768,
             max_pushers: 256,
+            fanout: None,
             max_misses: 2,
             ban_rounds: 100,
             data_checks_from: 1,

@@ -2,13 +2,13 @@
 //! serves.
 
 use super::Exchange;
-use super::io::{Answer, Apply, Output, Role, Ticket};
-use super::round::{PushIn, Served, Step};
+use super::io::{Answer, Apply, Millis, Output, Role, Ticket};
+use super::round::{PushIn, Served, Step, Sub};
 
 impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
     /// A push: held for the admission if the node is (or may still be) its own hub, otherwise
     /// answered at once.
-    pub(super) fn push_received(&mut self, round: u64, push: PushIn<P, M>) {
+    pub(super) fn push_received(&mut self, now: Millis, round: u64, push: PushIn<P, M>) {
         let hub = self.view.hub();
         let own_hub = self.view.is_own(&hub);
         let rank = self.rank_of(&hub);
@@ -20,16 +20,64 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             .filter(|_| catching_up)
             .and_then(|r| r.hub.clone())
             .map(|h| (self.rank_of(&h), h));
-        let max = self.config.max_pushers;
+        let fanout = self.config.fanout;
+        // In a tree, a member takes children only in a hub it is a member of already: one
+        // joining a new hub names it instead, so they take its model too.
+        // Or one its own hub named to the pusher, which has checked that hub's model.
+        let established = self.round.as_ref().is_some_and(|r| {
+            let up = r.hub.as_ref().or(self.joined.as_ref());
+            let member = match &r.hub {
+                Some(h) => self.joined.as_ref() == Some(h),
+                None => self.joined.as_ref().is_some_and(|j| !self.view.is_own(j)),
+            };
+            member || (push.via.is_some() && push.via.as_ref() == up)
+        });
+        let max = fanout.unwrap_or(self.config.max_pushers);
+        let max_depth = self.config.max_depth();
+        let timing = self.config.timing;
         let from = push.from.clone();
+        let view = &self.view;
+        let rank_in_view = |p: &P| {
+            view.cohort()
+                .ranked()
+                .iter()
+                .find(|(_, q)| q == p)
+                .map_or(u64::MAX, |(r, _)| *r)
+        };
         let answer = match self.round.as_mut() {
             Some(r) if r.number == round => match (&r.step, r.role) {
                 (_, Role::Local) => Answer::Busy,
                 // Its own hub, or joining a hub its data has not checked yet: held.
                 (Step::Packet | Step::Search { .. } | Step::Collect { .. }, _) if own_hub => {
-                    hold(r, push, max)
+                    r.depth = 0;
+                    let reserved = std::mem::take(&mut r.reserved);
+                    let answer = hold(r, push, max, fanout.map(|_| &reserved[..]), rank_in_view);
+                    r.reserved = reserved;
+                    answer
                 }
-                (Step::Fetch { .. } | Step::CheckModel { .. }, Role::Member) => hold(r, push, max),
+                // A member of a tree takes children until its level closes.
+                (step, Role::Member) if fanout.is_some() && !own_hub && established => {
+                    let close = r.at(timing.close_permille(r.depth));
+                    let open = matches!(r.sub, Sub::Open) && !matches!(step, Step::Done);
+                    if open && r.depth < max_depth && now < close {
+                        let reserved = std::mem::take(&mut r.reserved);
+                        let answer = hold(r, push, max, Some(&reserved[..]), rank_in_view);
+                        r.reserved = reserved;
+                        if !r.pushes.is_empty() {
+                            r.sub_close = Some(close);
+                        }
+                        answer
+                    } else if open && r.depth >= max_depth {
+                        // Too deep to take children: the pusher enters the tree at the top,
+                        // where the least-named members are.
+                        Answer::NotHub { hub, rank }
+                    } else {
+                        Answer::Late
+                    }
+                }
+                (Step::Fetch { .. } | Step::CheckModel { .. }, Role::Member) => {
+                    hold(r, push, max, None, rank_in_view)
+                }
                 (Step::Merging { .. } | Step::CheckOwn { .. } | Step::Done, Role::Hub) => {
                     Answer::Late
                 }
@@ -59,17 +107,62 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
     /// against the nearest of them and its anchor (so another task's nodes cannot take over a
     /// hub its own task's members left), refuses the others and asks for the merge.
     pub(super) fn close_admission(&mut self) {
-        let anchor = self.view.anchor();
-        let gate = self.config.gate;
         let Some(r) = self.round.as_mut().filter(|r| !r.is_done()) else {
             return;
         };
         let Some(own) = r.packet.clone() else { return };
         let round = r.number;
-        let mut pushes = std::mem::take(&mut r.pushes);
+        let pushes = std::mem::take(&mut r.pushes);
+        let pushes = self.admit(round, pushes);
+        if pushes.is_empty() {
+            self.finish(Apply::Nothing, false);
+            return;
+        }
+        tracing::debug!(round, admitted = pushes.len(), "exchange: hub merges");
+        let ticket = self.ask_merge_of(round, own, &pushes, false);
+        self.set_step(Step::Merging {
+            ticket,
+            admitted: pushes,
+        });
+    }
+
+    /// Ask the driver for the merge of `own` and the admitted `pushes` (`up`: a sub-hub's).
+    fn ask_merge_of(&mut self, round: u64, own: M, pushes: &[PushIn<P, M>], up: bool) -> Ticket {
+        let ticket = self.ticket();
+        let members = pushes
+            .iter()
+            .map(|p| (p.from.clone(), p.packet.clone()))
+            .collect();
+        self.out.push_back(Output::Merge {
+            ticket,
+            round,
+            own,
+            members,
+            up,
+        });
+        ticket
+    }
+
+    /// Answer every one of `pushes` with `answer`.
+    pub(super) fn answer_all(&mut self, round: u64, pushes: Vec<PushIn<P, M>>, answer: Answer<P>) {
+        for p in pushes {
+            self.out.push_back(Output::Answer {
+                to: p.from,
+                round,
+                answer: answer.clone(),
+            });
+        }
+    }
+
+    /// The pushes a (sub-)hub admits when its admission closes, nearest first: those its cosine
+    /// gate passes, measured against the nearest of them and its anchor. The others are
+    /// refused.
+    fn admit(&mut self, round: u64, mut pushes: Vec<PushIn<P, M>>) -> Vec<PushIn<P, M>> {
         pushes.sort_by(|a, b| b.cosine.total_cmp(&a.cosine).then(a.from.cmp(&b.from)));
         let all: Vec<P> = pushes.iter().map(|p| p.from.clone()).collect();
-        gate.retain_admitted_near(anchor, &mut pushes, |p| p.cosine);
+        self.config
+            .gate
+            .retain_admitted_near(self.view.anchor(), &mut pushes, |p| p.cosine);
         for p in all
             .into_iter()
             .filter(|p| !pushes.iter().any(|a| a.from == *p))
@@ -80,32 +173,25 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
                 answer: Answer::Refused { foreign: false },
             });
         }
-        if pushes.is_empty() {
-            self.finish(Apply::Nothing, false);
-            return;
-        }
-        let ticket = self.ticket();
-        let members = pushes
-            .iter()
-            .map(|p| (p.from.clone(), p.packet.clone()))
-            .collect();
-        tracing::debug!(round, admitted = pushes.len(), "exchange: hub merges");
-        self.set_step(Step::Merging {
-            ticket,
-            admitted: pushes,
-        });
-        self.out.push_back(Output::Merge {
-            ticket,
-            round,
-            own,
-            members,
-        });
+        pushes
     }
 
     pub(super) fn merge_computed(&mut self, ticket: Ticket, merge: Option<M>) {
+        if self
+            .round
+            .as_ref()
+            .is_some_and(|r| matches!(&r.sub, Sub::Merging { ticket: t, .. } if *t == ticket))
+        {
+            self.sub_merged(merge);
+            return;
+        }
+        // In a tree the hub's data checks every merge: a sub-hub's merge was checked by
+        // nobody's data before it came up.
         let check = self.round.as_ref().is_some_and(|r| {
-            self.exchange_round(r.number)
-                .is_some_and(|x| x >= self.config.data_checks_from)
+            self.config.fanout.is_some()
+                || self
+                    .exchange_round(r.number)
+                    .is_some_and(|x| x >= self.config.data_checks_from)
         });
         let own = self.view.own().clone();
         let Some(r) = self.round.as_mut() else { return };
@@ -183,21 +269,9 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
         }
         self.joined = Some(own.clone());
         self.view.merged(nearest);
-        let mut listed = self.view.listed(self.joined.as_ref());
-        listed.truncate(self.config.max_listed);
-        // A member gets the listing when it changed since the member last got one.
-        let version = self.view.version();
-        if self.listed_to.len() > self.config.max_members.saturating_mul(2) {
-            self.listed_to.clear();
-        }
-        let to = members
-            .iter()
-            .map(|p| {
-                let fresh = self.listed_to.insert(p.clone(), version) != Some(version);
-                (p.clone(), fresh)
-            })
-            .collect();
+        let (to, listed) = self.listing(&members);
         self.mates.clone_from(&members);
+        self.served_last.clone_from(&members);
         if let Some(r) = self.round.as_mut() {
             r.served = Some(Served {
                 merge: merge.clone(),
@@ -212,6 +286,122 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             listed,
         });
         self.finish(Apply::Merge { merge, adopt: None }, false);
+    }
+
+    /// What a (sub-)hub serving `members` lists: its view, to each member whose last listing
+    /// is out of date (`true`).
+    fn listing(&mut self, members: &[P]) -> Listing<P> {
+        let mut listed = self.view.listed(self.joined.as_ref());
+        // In a tree, a sub-hub lists the lowest rank it knows too (its tree's root, as far as
+        // it knows): a member new to the tree enters it at the top.
+        let top = self.view.hub();
+        if self.config.fanout.is_some() && !listed.iter().any(|(p, _)| *p == top) {
+            let rank = self.rank_of(&top);
+            listed.insert(0, (top, rank));
+        }
+        listed.truncate(self.config.max_listed);
+        // A member gets the listing when it changed since the member last got one.
+        let version = self.view.version();
+        if self.listed_to.len() > self.config.max_members.saturating_mul(2) {
+            self.listed_to.clear();
+        }
+        let to = members
+            .iter()
+            .map(|p| {
+                let fresh = self.listed_to.insert(p.clone(), version) != Some(version);
+                (p.clone(), fresh)
+            })
+            .collect();
+        (to, listed)
+    }
+
+    /// A member's level closes: it admits the children its gate passes (as a hub admits its
+    /// pushers) and asks for the merge of theirs and its own packet.
+    pub(super) fn close_sub(&mut self) {
+        let Some(r) = self.round.as_mut().filter(|r| !r.is_done()) else {
+            return;
+        };
+        r.sub_close = None;
+        if !matches!(r.sub, Sub::Open) {
+            return;
+        }
+        let round = r.number;
+        let pushes = std::mem::take(&mut r.pushes);
+        r.sub = Sub::Closed;
+        let Some(own) = r.packet.clone() else {
+            self.answer_all(round, pushes, Answer::Busy);
+            return;
+        };
+        let pushes = self.admit(round, pushes);
+        if pushes.is_empty() {
+            return;
+        }
+        tracing::debug!(round, children = pushes.len(), "exchange: sub-hub merges");
+        let ticket = self.ask_merge_of(round, own, &pushes, true);
+        if let Some(r) = self.round.as_mut() {
+            r.sub = Sub::Merging {
+                ticket,
+                children: pushes,
+            };
+        }
+    }
+
+    /// The merge of a sub-hub's children and its own packet: pushed up in place of its packet
+    /// (again, if it pushed already), or, if none could be made, its children hear busy.
+    fn sub_merged(&mut self, merge: Option<M>) {
+        let Some(r) = self.round.as_mut() else { return };
+        let round = r.number;
+        let Sub::Merging { children, .. } = std::mem::replace(&mut r.sub, Sub::Closed) else {
+            return;
+        };
+        let Some(merge) = merge else {
+            self.answer_all(round, children, Answer::Busy);
+            return;
+        };
+        let mut ids = Vec::with_capacity(children.len());
+        for p in children {
+            self.view
+                .learn(std::iter::once((p.from.clone(), p.rank)).chain(p.known));
+            ids.push(p.from);
+        }
+        let Some(r) = self.round.as_mut() else { return };
+        r.sub = Sub::Up {
+            merge: merge.clone(),
+            children: ids,
+        };
+        if matches!(r.step, Step::Pushed { .. })
+            && let Some(to) = r.hub.clone()
+        {
+            // Its packet went up already: the merge replaces it in its hub's admission.
+            let via = r.via.clone();
+            self.out.push_back(Output::Push {
+                to,
+                round,
+                packet: merge,
+                known: Vec::new(),
+                via,
+            });
+        }
+    }
+
+    /// A sub-hub's round ends with `down` to apply (its hub's merge, or, when none came, its
+    /// children's merge): its children get it.
+    pub(super) fn serve_children(&mut self, round: u64, down: M, children: Vec<P>) {
+        let (to, listed) = self.listing(&children);
+        self.served_last.clone_from(&children);
+        if let Some(r) = self.round.as_mut() {
+            r.served = Some(Served {
+                merge: down.clone(),
+                listed: listed.clone(),
+                members: children,
+            });
+        }
+        self.out.push_back(Output::ServeMerge {
+            to,
+            round,
+            merge: down,
+            listed,
+        });
     }
 
     /// A member asks again for the merge of `round` (the one it was sent may have been lost):
@@ -253,21 +443,69 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
     }
 }
 
-/// Hold `push` for the round's admission (a pusher's newer push replaces its older one), or
-/// answer busy when `max` are held.
-fn hold<P: PartialEq, M>(
+/// Whom a (sub-)hub serves, each with whether it gets the listing, and the listing.
+type Listing<P> = (Vec<(P, bool)>, Vec<(P, u64)>);
+
+/// Hold `push` for the round's admission (a pusher's newer push replaces its older one), or,
+/// when `max` are held, name one of them to push to (in a tree, `Some` of the peers served
+/// last round: [`Answer::Full`]) or answer busy.
+///
+/// In a tree, the peers served last round keep their places until they push: one that pushes
+/// late (a member that gathers its children first) is not pushed down its own tree by those
+/// that push early, and the tree stays put from round to round.
+fn hold<P: PartialEq + Clone, M>(
     r: &mut super::round::Round<P, M>,
     push: PushIn<P, M>,
     max: usize,
+    tree: Option<&[P]>,
+    rank: impl Fn(&P) -> u64,
 ) -> Answer<P> {
     r.heard = true;
+    let depth = if tree.is_some() { r.depth } else { 0 };
     if let Some(held) = r.pushes.iter_mut().find(|p| p.from == push.from) {
         *held = push;
-        Answer::Accepted
-    } else if r.pushes.len() < max {
-        r.pushes.push(push);
-        Answer::Accepted
+        return Answer::Accepted { depth };
+    }
+    let reserved = tree.unwrap_or_default();
+    // Places kept for peers served last round that have not pushed yet (counted down as they
+    // push: a push replaced above is not new).
+    let waiting = *r.waiting.get_or_insert(reserved.len());
+    let is_reserved = reserved.contains(&push.from);
+    let others = if is_reserved {
+        waiting.saturating_sub(1)
     } else {
-        Answer::Busy
+        waiting
+    };
+    if r.pushes.len().saturating_add(others) < max {
+        if is_reserved {
+            r.waiting = Some(waiting.saturating_sub(1));
+        }
+        r.pushes.push(push);
+        return Answer::Accepted { depth };
+    }
+    if tree.is_none() {
+        return Answer::Busy;
+    }
+    // The member (held, or with a place kept) named least often this round: the levels below
+    // fill evenly.
+    let named = |p: &P| r.hinted.iter().find(|(q, _)| q == p).map_or(0, |(_, n)| *n);
+    let Some(child) = r
+        .pushes
+        .iter()
+        .map(|p| (p.from.clone(), p.rank))
+        .chain(reserved.iter().map(|p| (p.clone(), rank(p))))
+        .enumerate()
+        .min_by_key(|(i, (p, _))| (named(p), *i))
+        .map(|(_, child)| child)
+    else {
+        return Answer::Busy;
+    };
+    match r.hinted.iter_mut().find(|(q, _)| *q == child.0) {
+        Some((_, n)) => *n += 1,
+        None => r.hinted.push((child.0.clone(), 1)),
+    }
+    Answer::Full {
+        hint: child.0,
+        rank: child.1,
     }
 }

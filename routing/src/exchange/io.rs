@@ -45,19 +45,33 @@ pub struct SeenHeader<P> {
 
 /// A hub's answer to a push.
 ///
-/// [`Answer::Accepted`], [`Answer::NotHub`], [`Answer::Busy`] and [`Answer::Late`] come at once;
+/// [`Answer::Accepted`], [`Answer::NotHub`], [`Answer::Full`], [`Answer::Busy`] and
+/// [`Answer::Late`] come at once;
 /// [`Answer::Refused`] when the hub closes its admission (the cosine gate is measured against
 /// all pushers), or after its own data refused the merge.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Answer<P> {
     /// Queued for this round's admission: a merge or a refusal follows.
-    Accepted,
+    Accepted {
+        /// The answering hub's depth in its cohort's tree (0: the root; always 0 without
+        /// [`super::ExchangeConfig::fanout`]): the pusher, if it takes children, closes their
+        /// admission one level earlier.
+        depth: u8,
+    },
     /// The peer pushed to is not its own hub: `hub` is whom it pushes to (rank as computed by
     /// the receiving driver).
     NotHub {
         /// The hub the answering node names.
         hub: P,
         /// Its rank.
+        rank: u64,
+    },
+    /// The hub holds as many pushes as it admits ([`super::ExchangeConfig::fanout`]): push to
+    /// `hint`, one of them, which takes the pusher as its child.
+    Full {
+        /// The member to push to.
+        hint: P,
+        /// Its rank (as computed by the receiving driver).
         rank: u64,
     },
     /// The hub holds as many pushes as it merges, or is not taking part this round.
@@ -81,6 +95,10 @@ impl<P> Answer<P> {
             Self::NotHub { hub, .. } => {
                 let rank = rank(&hub);
                 Self::NotHub { hub, rank }
+            }
+            Self::Full { hint, .. } => {
+                let rank = rank(&hint);
+                Self::Full { hint, rank }
             }
             other => other,
         }
@@ -157,6 +175,8 @@ pub enum Input<P, M> {
         cosine: f32,
         /// The peers its view holds, with ranks recomputed by the driver.
         known: Vec<(P, u64)>,
+        /// The hub that named this node to the pusher ([`Output::Push::via`]), if any.
+        via: Option<P>,
     },
     /// The hub this node pushed to answered.
     AnswerReceived {
@@ -310,6 +330,9 @@ pub enum Output<P, M> {
         /// Its view, the lowest ranks first, at most [`super::ExchangeConfig::max_listed`]
         /// peers (what the hub may learn); empty when this hub got this view already.
         known: Vec<(P, u64)>,
+        /// The hub whose [`Answer::Full`] named `to` (the node checked that hub's model): `to`
+        /// takes the node as its child even while it joins that hub itself.
+        via: Option<P>,
     },
     /// Answer a push.
     Answer {
@@ -331,6 +354,9 @@ pub enum Output<P, M> {
         own: M,
         /// The admitted members and their packets, nearest first.
         members: Vec<(P, M)>,
+        /// A sub-hub's merge of its children ([`super::ExchangeConfig::fanout`]): it goes up
+        /// to the node's hub in place of its packet, not down to members.
+        up: bool,
     },
     /// Check `merge` against the node's own packet `own` (direction and norm), and on the
     /// node's own data if `by_data`; report with [`Input::MergeChecked`].

@@ -5,7 +5,7 @@ use super::Exchange;
 use super::io::{
     Answer, Apply, MergeVerdict, Millis, ModelVerdict, Output, Role, SeenHeader, Ticket,
 };
-use super::round::{Joining, Step, current};
+use super::round::{Joining, Step, Sub, current};
 use crate::is_hub_candidate;
 
 impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
@@ -118,6 +118,18 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             );
             hub = next.clone();
         }
+        // In a tree, a member keeps pushing to the (sub-)hub whose merge it applied last, while
+        // that one is in its view: its hub placed it there ([`Answer::Full`]).
+        if self.config.fanout.is_some()
+            && !self.view.is_own(&hub)
+            && !self.catching_up()
+            && let Some(parent) = self
+                .joined
+                .clone()
+                .filter(|p| *p != hub && !self.view.is_own(p) && self.view.knows(p))
+        {
+            hub = parent;
+        }
         let is_own = self.view.is_own(&hub);
         let rank = self.rank_of(&hub);
         // A node back after missing rounds joins anew (its model is behind its hub's).
@@ -133,6 +145,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
         let (until, deadline) = (r.at(collect), r.deadline);
         if is_own {
             r.role = Role::Hub;
+            r.depth = 0;
             r.hub = None;
             r.step = Step::Collect { until };
             if now >= until {
@@ -142,8 +155,22 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
         }
         r.role = Role::Member;
         r.hub = Some(hub.clone());
+        r.via = None;
         if joined {
-            self.redirect_held(&hub, rank);
+            if self.config.fanout.is_some() {
+                // A member of its hub already: pushes it holds are its children.
+                // Its packet goes up at once (it keeps its place at its hub, and its answer
+                // tells it its depth); its children's merge replaces it when its level closes.
+                let close = self.config.timing.close_permille(self.depth.max(1));
+                if let Some(r) = self.round.as_mut() {
+                    r.depth = self.depth.max(1);
+                    if !r.pushes.is_empty() && matches!(r.sub, Sub::Open) {
+                        r.sub_close = Some(r.at(close));
+                    }
+                }
+            } else {
+                self.redirect_held(&hub, rank);
+            }
             self.push(now, Joining::Member);
         } else {
             // Pushes it holds stay held until its data accepts the new hub's model: a hint
@@ -163,14 +190,22 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
         }
     }
 
-    /// Pushes the node held as a would-be hub go to `hub`, its checked hub. An idle hub
+    /// Pushes the node held as a would-be hub (or, in a tree, while it joins a hub it was no
+    /// member of: its children must join that hub, and take its model, themselves) go to
+    /// `hub`, its checked hub. An idle hub
     /// pushing to its next rank (its view's hub is itself) answers them late instead: it
     /// outranks `hub`, and is a hub again next round.
     fn redirect_held(&mut self, hub: &P, rank: u64) {
         let idle_push = self.view.is_own(&self.view.hub()) && !self.catching_up();
+        let tree = self.config.fanout.is_some();
         let Some(r) = self.round.as_mut() else { return };
         let round = r.number;
-        for p in std::mem::take(&mut r.pushes) {
+        let (kept, redirected): (Vec<_>, Vec<_>) = std::mem::take(&mut r.pushes)
+            .into_iter()
+            .partition(|p| tree && !idle_push && p.via.as_ref() == Some(hub));
+        // In a tree, those `hub` sent are its children.
+        r.pushes = kept;
+        for p in redirected {
             let answer = if idle_push {
                 Answer::Late
             } else {
@@ -238,11 +273,14 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
         let version = self.view.version();
         let answer_ms = self.config.timing.answer_ms;
         let max_listed = self.config.max_listed;
-        let Some((packet, hub)) = self
-            .round
-            .as_ref()
-            .and_then(|r| Some((r.packet.clone()?, r.hub.clone()?)))
-        else {
+        // A sub-hub whose children's merge is made pushes that in place of its packet.
+        let Some((packet, hub)) = self.round.as_ref().and_then(|r| {
+            let packet = match &r.sub {
+                Sub::Up { merge, .. } => merge.clone(),
+                _ => r.packet.clone()?,
+            };
+            Some((packet, r.hub.clone()?))
+        }) else {
             return;
         };
         // The hub heard this view already: the push names no peers.
@@ -266,6 +304,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             round: r.number,
             packet,
             known,
+            via: r.via.clone(),
         });
     }
 
@@ -368,6 +407,8 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
     pub(super) fn answer_received(&mut self, now: Millis, from: P, round: u64, answer: Answer<P>) {
         let max_redirects = self.config.max_redirects;
         let ask_permille = self.config.timing.merge_ask_permille;
+        let timing = self.config.timing;
+        let max_hints = u32::from(self.config.max_depth()).saturating_add(1);
         let Some(r) = current(&mut self.round, round) else {
             return;
         };
@@ -386,13 +427,36 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             return;
         };
         match answer {
-            Answer::Accepted => {
+            Answer::Accepted { depth } => {
                 if !*accepted {
                     *accepted = true;
                     *ask = Some(ask_at.max(now)).filter(|&t| t < deadline);
                 }
+                // One level below its hub: its children's admission closes by that.
+                r.depth = depth.saturating_add(1);
+                if r.sub_close.is_some() {
+                    r.sub_close = Some(r.at(timing.close_permille(r.depth)));
+                }
+                self.depth = r.depth;
             }
+            // The answer to a sub-hub's merge pushed in place of its accepted packet: the hub
+            // merges the packet.
+            Answer::Late | Answer::Busy | Answer::Full { .. } if *accepted => {}
             Answer::Late => self.finish(Apply::Nothing, false),
+            Answer::Full { hint, rank } => {
+                // The hub admits no more: it names one of its members to push to, in its
+                // cohort (no model to fetch).
+                r.full_hints += 1;
+                if r.full_hints > max_hints {
+                    self.finish(Apply::Nothing, true);
+                    return;
+                }
+                let joining = joining.clone();
+                r.via = Some(hub);
+                r.hub = Some(hint.clone());
+                self.view.learn([(hint, rank)]);
+                self.push(now, joining);
+            }
             Answer::Busy => {
                 self.miss(&hub);
                 self.finish(Apply::Nothing, true);
@@ -405,6 +469,10 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             Answer::NotHub { hub: hint, rank } => {
                 r.redirects += 1;
                 let redirects = r.redirects;
+                if self.config.fanout.is_some() && self.joined.as_ref() == Some(&hub) {
+                    // Its (sub-)hub no longer takes it: it is no longer the parent it sticks to.
+                    self.joined = None;
+                }
                 self.view.learn([(hint, rank)]);
                 if self.view.hub() == hub {
                     // The hub names a hub this node will not take (banned, itself, or one it

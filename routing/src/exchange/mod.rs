@@ -69,6 +69,26 @@
 //! round started ends with exactly one [`Output::Finished`], at the latest when the driver
 //! calls [`Exchange::handle_timeout`] at the deadline.
 //!
+//! # Bounded hubs: a cohort as a tree
+//! One hub merging a whole cohort does not scale: at 10^6 nodes and 4 tasks it would take
+//! 250,000 pushes a round. With [`ExchangeConfig::fanout`] `Some(m)` a hub admits at most `m`
+//! pushes, and answers the next pusher [`Answer::Full`], naming the held pusher it named least
+//! often this round. That member takes the pusher as its *child*: a member holding children is
+//! a sub-hub, which closes their admission one level before its own hub closes
+//! ([`Timing::level_permille`]; its depth comes with its hub's [`Answer::Accepted`]), merges
+//! them with its own packet ([`Output::Merge`] with `up`) and pushes that merge up in place of
+//! its packet. Merges come back down the same way: a sub-hub checks its hub's merge as any
+//! member does, applies it and serves it to its children, so the whole cohort applies one
+//! merge; if none comes, its children get its merge of theirs. A cohort of `n` nodes is then
+//! a tree of depth about log_m n, and no node merges more than `m` updates. A member keeps
+//! pushing to the (sub-)hub whose merge it applied last, and a (sub-)hub keeps a place for
+//! each peer it served last round until that one pushes: the tree stays put from round to
+//! round. A sub-hub pushes its packet at once (that keeps its place, and the answer tells it
+//! its depth) and its children's merge in its place later. Only members of
+//! their hub take children, or pushers their own hub named to them ([`Output::Push::via`]):
+//! a node that joins another cohort's hub names that hub to its old members instead, so each
+//! of them checks and takes that hub's model itself, and the cohort keeps one model.
+//!
 //! # Views on the wire
 //! A push names the member's view and a merge the hub's ([`Cohort::listed`]), each the
 //! [`ExchangeConfig::max_listed`] lowest ranks, and only when it changed since that peer last
@@ -226,6 +246,9 @@ pub struct Exchange<P, M> {
     /// the node's hub moves the hub within the cohort, whose members hold one model: the node
     /// joins it without fetching that model (its data checks every merge of it). Not persisted.
     mates: Vec<P>,
+    /// In a tree, the members (or children) the node served its last merge to: their places
+    /// are kept for them ([`ExchangeConfig::fanout`]). Not persisted.
+    served_last: Vec<P>,
     /// The first round the node ran: its local rounds, warm-up searches and candidate rounds
     /// count from there (round numbers are the swarm's, the same for every node).
     first_round: Option<u64>,
@@ -235,6 +258,10 @@ pub struct Exchange<P, M> {
     window: u64,
     /// Whether peers can dial this node ([`Exchange::set_dialable`]). Not persisted.
     dialable: bool,
+    /// Its depth as a member in its cohort's tree when last told ([`Answer::Accepted`]): a
+    /// member that takes children before its hub answers closes their admission by it. Not
+    /// persisted.
+    depth: u8,
     round: Option<Round<P, M>>,
     /// Outputs not yet polled: at most one per push held and a few more per input.
     out: VecDeque<Output<P, M>>,
@@ -255,11 +282,13 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             idle: 0,
             catch_up_until: None,
             mates: Vec::new(),
+            served_last: Vec::new(),
             first_round: None,
             last_round: None,
             next_ticket: 0,
             window: 0,
             dialable: true,
+            depth: 1,
             round: None,
             out: VecDeque::new(),
         }
@@ -320,11 +349,13 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             idle: 0,
             catch_up_until: None,
             mates: Vec::new(),
+            served_last: Vec::new(),
             first_round: snapshot.first_round,
             last_round: snapshot.last_round,
             next_ticket: snapshot.next_ticket,
             window: snapshot.window,
             dialable: true,
+            depth: 1,
             round: None,
             out: VecDeque::new(),
         })
@@ -422,7 +453,11 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
                 self.expire();
                 return;
             }
-            match r.timer() {
+            if r.sub_close.is_some_and(|t| now >= t) {
+                self.close_sub();
+                continue;
+            }
+            match r.step_timer() {
                 Some(t) if now >= t => self.step_timeout(now),
                 _ => return,
             }
@@ -444,7 +479,9 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
                 packet,
                 cosine,
                 known,
+                via,
             } => self.push_received(
+                now,
                 round,
                 round::PushIn {
                     from,
@@ -452,6 +489,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
                     packet,
                     cosine,
                     known,
+                    via,
                 },
             ),
             Input::AnswerReceived {
@@ -542,6 +580,18 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             heard: false,
             knew_peers: knows,
             lost_peers,
+            depth: if self.view.is_own(&self.view.hub()) {
+                0
+            } else {
+                self.depth.max(1)
+            },
+            sub: round::Sub::Open,
+            sub_close: None,
+            full_hints: 0,
+            via: None,
+            hinted: Vec::new(),
+            reserved: std::mem::take(&mut self.served_last),
+            waiting: None,
         });
     }
 
@@ -697,6 +747,28 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             (apply, _) => apply,
         };
         let (round, role) = (r.number, r.role);
+        // A sub-hub's children get the merge it applies from above, or, when none came, its
+        // merge of them (which they check; the sub-hub itself applies its own update, as a
+        // member with no merge does: nobody checked that merge for it).
+        r.sub_close = None;
+        let sub = std::mem::replace(&mut r.sub, round::Sub::Closed);
+        let down = match sub {
+            round::Sub::Up { merge, children } => match &apply {
+                Apply::Merge { merge: above, .. } => Some((above.clone(), children)),
+                Apply::Adopt(_) | Apply::Own(_) | Apply::Nothing => Some((merge, children)),
+            },
+            round::Sub::Merging { children, .. } => {
+                for p in children {
+                    self.out.push_back(Output::Answer {
+                        to: p.from,
+                        round,
+                        answer: Answer::Busy,
+                    });
+                }
+                None
+            }
+            round::Sub::Open | round::Sub::Closed => None,
+        };
         if role == Role::Member && matches!(apply, Apply::Merge { .. } | Apply::Adopt(_)) {
             // It took its hub's model (and merge): caught up.
             self.catch_up_until = None;
@@ -723,6 +795,9 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
                 round,
                 answer: answer.clone(),
             });
+        }
+        if let Some((merge, children)) = down {
+            self.serve_children(round, merge, children);
         }
         self.out.push_back(Output::Finished(RoundReport {
             round,

@@ -10,6 +10,7 @@ pub(super) struct PushIn<P, M> {
     pub(super) packet: M,
     pub(super) cosine: f32,
     pub(super) known: Vec<(P, u64)>,
+    pub(super) via: Option<P>,
 }
 
 /// What a member brings to its hub's first merge.
@@ -77,6 +78,24 @@ pub(super) enum Step<P, M> {
     Done,
 }
 
+/// A member's children in its cohort's tree ([`super::ExchangeConfig::fanout`]): pushes it
+/// holds ([`Round::pushes`]) until its level closes, then merges with its own packet.
+#[derive(Debug, Clone, Default)]
+pub(super) enum Sub<P, M> {
+    /// Taking children (if any push comes).
+    #[default]
+    Open,
+    /// Its level closed; the merge of its children and its own packet is being computed.
+    Merging {
+        ticket: Ticket,
+        children: Vec<PushIn<P, M>>,
+    },
+    /// That merge, pushed up in place of its packet; its children get the merge it applies.
+    Up { merge: M, children: Vec<P> },
+    /// No children this round (its level closed, or the round is past its push).
+    Closed,
+}
+
 /// The round in flight.
 #[derive(Debug, Clone)]
 pub(super) struct Round<P, M> {
@@ -105,6 +124,22 @@ pub(super) struct Round<P, M> {
     /// The node knew peers when its last round started and knows none now (it refused or lost
     /// them all): it searches this round rather than wait for its next scheduled search.
     pub(super) lost_peers: bool,
+    /// The node's depth in its cohort's tree this round (0: a hub; a member one below the
+    /// hub it pushed to, once that hub's answer says where it stands).
+    pub(super) depth: u8,
+    /// A member's children ([`Sub`]).
+    pub(super) sub: Sub<P, M>,
+    /// When a member holding children closes their admission.
+    pub(super) sub_close: Option<Millis>,
+    /// [`super::Answer::Full`] hints followed this round, and the hub of the last one.
+    pub(super) full_hints: u32,
+    pub(super) via: Option<P>,
+    /// A full (sub-)hub: how often it named each held pusher in a [`super::Answer::Full`].
+    pub(super) hinted: Vec<(P, u32)>,
+    /// In a tree, the peers the node served last round, whose places it keeps for them, and
+    /// how many of those places are still kept.
+    pub(super) reserved: Vec<P>,
+    pub(super) waiting: Option<usize>,
 }
 
 /// A hub's merge of the round, kept for the members that ask for it again.
@@ -124,8 +159,16 @@ impl<P, M> Round<P, M> {
             .saturating_add(u64::try_from(part).unwrap_or(span))
     }
 
-    /// The step's own timer, if it has one.
+    /// The earliest of the step's own timer and a sub-hub's close, if any.
     pub(super) fn timer(&self) -> Option<Millis> {
+        match (self.step_timer(), self.sub_close) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The step's own timer, if it has one.
+    pub(super) fn step_timer(&self) -> Option<Millis> {
         match &self.step {
             Step::Search { until }
             | Step::Fetch { until, .. }

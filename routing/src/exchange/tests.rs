@@ -34,6 +34,7 @@ fn push(node: &mut Node, now: Millis, (from, rank): (u32, u64), packet: &'static
             packet,
             cosine,
             known: Vec::new(),
+            via: None,
         },
     );
 }
@@ -129,6 +130,7 @@ fn a_member_joins_its_hub_and_applies_its_checked_merge() {
         round: 0,
         packet,
         known,
+        via: None,
     }) = member.poll_output()
     else {
         panic!("then pushes");
@@ -142,6 +144,7 @@ fn a_member_joins_its_hub_and_applies_its_checked_merge() {
             packet,
             cosine: 0.97,
             known,
+            via: None,
         },
     );
     hub.handle(
@@ -156,7 +159,7 @@ fn a_member_joins_its_hub_and_applies_its_checked_merge() {
         out.first(),
         Some(Output::Answer {
             to: 2,
-            answer: Answer::Accepted,
+            answer: Answer::Accepted { depth: 0 },
             ..
         })
     ));
@@ -279,7 +282,7 @@ fn a_hub_whose_merge_fails_is_banned_at_once_and_joined_anew_when_its_ban_ends()
     member.joined = Some(1);
     let out = start(&mut member, 4, "p2");
     assert!(pushes_to(&out, 1), "{out:?}");
-    answer(&mut member, 4_010, 1, 4, Answer::Accepted);
+    answer(&mut member, 4_010, 1, 4, Answer::Accepted { depth: 0 });
     member.handle(
         Millis(4_700),
         Input::MergeReceived {
@@ -452,7 +455,7 @@ fn a_hub_refuses_what_its_gate_does_not_admit_and_a_non_hub_names_its_hub() {
         drain(&mut hub).as_slice(),
         [Output::Answer {
             to: 7,
-            answer: Answer::Accepted,
+            answer: Answer::Accepted { depth: 0 },
             ..
         }]
     ));
@@ -580,7 +583,7 @@ fn a_member_pushes_again_asks_for_its_merge_and_names_its_view_once() {
     member.joined = Some(1);
     // Round 1: accepted, but the merge is lost: the member asks for it at 800 permille.
     assert_eq!(pushed(&start(&mut member, 1, "b")), Some(1));
-    answer(&mut member, 1_010, 1, 1, Answer::Accepted);
+    answer(&mut member, 1_010, 1, 1, Answer::Accepted { depth: 0 });
     assert_eq!(member.poll_timeout(), Some(Millis(1_800)));
     member.handle_timeout(Millis(1_800));
     assert!(matches!(
@@ -845,13 +848,14 @@ fn a_hub_nobody_pushes_to_joins_its_next_rank_for_a_round_then_heads_again() {
             packet: "p2",
             cosine: 0.99,
             known: Vec::new(),
+            via: None,
         },
     );
     assert!(matches!(
         drain(&mut node).as_slice(),
         [Output::Answer {
             to: 2,
-            answer: Answer::Accepted,
+            answer: Answer::Accepted { depth: 0 },
             ..
         }]
     ));
@@ -887,6 +891,7 @@ fn a_hub_back_after_missing_rounds_takes_its_next_ranks_model_then_heads_again()
             packet: "p3",
             cosine: 0.99,
             known: Vec::new(),
+            via: None,
         },
     );
     drain(&mut node);
@@ -986,6 +991,7 @@ fn a_member_told_of_a_hub_it_outranks_forgets_the_one_it_pushed_to_and_heads() {
             packet: "p1",
             cosine: 0.99,
             known: Vec::new(),
+            via: None,
         },
     );
     assert!(
@@ -993,7 +999,7 @@ fn a_member_told_of_a_hub_it_outranks_forgets_the_one_it_pushed_to_and_heads() {
             drain(&mut node).as_slice(),
             [Output::Answer {
                 to: 1,
-                answer: Answer::Accepted,
+                answer: Answer::Accepted { depth: 0 },
                 ..
             }]
         ),
@@ -1130,4 +1136,274 @@ fn a_node_that_found_nobody_announces_before_it_probes() {
     assert_eq!(search(&mut node, 1), Some((true, 0)));
     // Round 2: still nobody; every node announces now, and it probes.
     assert_eq!(search(&mut node, 2), Some((true, config().probes)));
+}
+
+/// Bounded hubs of fan-in `m`, the rounds counted from 0 (round 5 is past the warm-up's
+/// searches).
+fn tree(m: usize) -> ExchangeConfig {
+    ExchangeConfig {
+        fanout: Some(m),
+        ..config()
+    }
+}
+
+/// A node of a tree of fan-in `m` that is a member of hub 1 already.
+fn member_of_1(own: u32, rank: u64, m: usize) -> Node {
+    let mut node = Node::new(own, rank, tree(m)).with_first_round(0);
+    node.view.learn([(1, 10)]);
+    node.joined = Some(1);
+    node
+}
+
+/// The push `out` holds to `to`: its packet and the hub that named `to`.
+fn pushed(out: &[Output<u32, &'static str>], to: u32) -> Option<(&'static str, Option<u32>)> {
+    out.iter().find_map(|o| match o {
+        Output::Push {
+            to: t, packet, via, ..
+        } if *t == to => Some((*packet, *via)),
+        _ => None,
+    })
+}
+
+/// `from`'s push of the round `now` is in, with the hub that named `node`, delivered at `now`.
+fn deliver_push(
+    node: &mut Node,
+    now: u64,
+    from: (u32, u64),
+    packet: &'static str,
+    via: Option<u32>,
+) {
+    node.handle(
+        Millis(now),
+        Input::PushReceived {
+            from: from.0,
+            rank: from.1,
+            round: now / 1_000,
+            packet,
+            cosine: 0.99,
+            known: Vec::new(),
+            via,
+        },
+    );
+}
+
+/// The answer `out` gives `to`.
+fn answered(out: &[Output<u32, &'static str>], to: u32) -> Option<Answer<u32>> {
+    out.iter().find_map(|o| match o {
+        Output::Answer { to: t, answer, .. } if *t == to => Some(answer.clone()),
+        _ => None,
+    })
+}
+
+/// Compute the merge `node` asks for in `out` as `merge`; returns whether it was a sub-hub's.
+fn compute_merge(
+    node: &mut Node,
+    now: u64,
+    out: &[Output<u32, &'static str>],
+    merge: &'static str,
+) -> bool {
+    let Some((ticket, up)) = out.iter().find_map(|o| match o {
+        Output::Merge { ticket, up, .. } => Some((*ticket, *up)),
+        _ => None,
+    }) else {
+        panic!("no merge asked in {out:?}");
+    };
+    node.handle(
+        Millis(now),
+        Input::MergeComputed {
+            ticket,
+            merge: Some(merge),
+        },
+    );
+    up
+}
+
+/// Pass every merge check `out` asks for.
+fn pass_checks(node: &mut Node, now: u64, out: &[Output<u32, &'static str>]) {
+    for o in out {
+        if let Output::CheckMerge { ticket, .. } = o {
+            node.handle(
+                Millis(now),
+                Input::MergeChecked {
+                    ticket: *ticket,
+                    verdict: MergeVerdict::Pass,
+                },
+            );
+        }
+    }
+}
+
+#[test]
+fn a_full_hub_names_a_member_that_merges_its_child_and_passes_the_hubs_merge_down() {
+    let mut hub = Node::new(1, 10, tree(1)).with_first_round(0);
+    hub.view.learn([(2, 20), (3, 30)]);
+    let mut sub = member_of_1(2, 20, 1);
+    let mut leaf = member_of_1(3, 30, 1);
+    assert!(start(&mut hub, 5, "p1").is_empty());
+    assert_eq!(pushed(&start(&mut sub, 5, "p2"), 1), Some(("p2", None)));
+    assert_eq!(pushed(&start(&mut leaf, 5, "p3"), 1), Some(("p3", None)));
+
+    // The hub admits one push; the next pusher is named the member it holds.
+    deliver_push(&mut hub, 5_010, (2, 20), "p2", None);
+    deliver_push(&mut hub, 5_011, (3, 30), "p3", None);
+    let out = drain(&mut hub);
+    assert_eq!(answered(&out, 2), Some(Answer::Accepted { depth: 0 }));
+    assert_eq!(answered(&out, 3), Some(Answer::Full { hint: 2, rank: 20 }));
+    answer(&mut sub, 5_020, 1, 5, Answer::Accepted { depth: 0 });
+    answer(&mut leaf, 5_020, 1, 5, Answer::Full { hint: 2, rank: 20 });
+    // The leaf pushes to that member, naming the hub that sent it: the member takes it as
+    // its child, one level below the hub.
+    assert_eq!(pushed(&drain(&mut leaf), 2), Some(("p3", Some(1))));
+    deliver_push(&mut sub, 5_030, (3, 30), "p3", Some(1));
+    assert_eq!(
+        answered(&drain(&mut sub), 3),
+        Some(Answer::Accepted { depth: 1 })
+    );
+    answer(&mut leaf, 5_040, 2, 5, Answer::Accepted { depth: 1 });
+
+    // Its level closes before the hub's (500 against 600 thousandths): it merges its child
+    // with its own packet and pushes that in place of its packet.
+    assert_eq!(sub.poll_timeout(), Some(Millis(5_500)));
+    sub.handle_timeout(Millis(5_500));
+    let out = drain(&mut sub);
+    assert!(compute_merge(&mut sub, 5_510, &out, "s2"));
+    assert_eq!(pushed(&drain(&mut sub), 1), Some(("s2", None)));
+    deliver_push(&mut hub, 5_520, (2, 20), "s2", None);
+    assert_eq!(
+        answered(&drain(&mut hub), 2),
+        Some(Answer::Accepted { depth: 0 })
+    );
+
+    // The hub merges what it holds: the member's merge.
+    hub.handle_timeout(Millis(5_600));
+    let out = drain(&mut hub);
+    let members = out.iter().find_map(|o| match o {
+        Output::Merge { members, .. } => Some(members.clone()),
+        _ => None,
+    });
+    assert_eq!(members, Some(vec![(2, "s2")]));
+    assert!(!compute_merge(&mut hub, 5_610, &out, "m1"));
+    let out = drain(&mut hub);
+    pass_checks(&mut hub, 5_620, &out);
+    let out = drain(&mut hub);
+    assert!(
+        out.iter()
+            .any(|o| matches!(o, Output::ServeMerge { merge: "m1", .. }))
+    );
+
+    // The member checks it, applies it and serves it to its child, which applies it too.
+    sub.handle(
+        Millis(5_630),
+        Input::MergeReceived {
+            from: 1,
+            round: 5,
+            merge: "m1",
+            cosine: 0.99,
+            listed: Vec::new(),
+        },
+    );
+    let out = drain(&mut sub);
+    pass_checks(&mut sub, 5_640, &out);
+    let out = drain(&mut sub);
+    assert!(out.iter().any(|o| matches!(
+        o,
+        Output::ServeMerge { to, merge: "m1", .. } if to.iter().any(|(p, _)| *p == 3)
+    )));
+    let report = finished(&out).unwrap();
+    assert_eq!(
+        (report.hub, report.apply),
+        (
+            1,
+            Apply::Merge {
+                merge: "m1",
+                adopt: None
+            }
+        )
+    );
+    leaf.handle(
+        Millis(5_650),
+        Input::MergeReceived {
+            from: 2,
+            round: 5,
+            merge: "m1",
+            cosine: 0.99,
+            listed: vec![(1, 10), (2, 20)],
+        },
+    );
+    let out = drain(&mut leaf);
+    pass_checks(&mut leaf, 5_660, &out);
+    let report = finished(&drain(&mut leaf)).unwrap();
+    assert_eq!(
+        (report.hub, report.apply),
+        (
+            2,
+            Apply::Merge {
+                merge: "m1",
+                adopt: None
+            }
+        )
+    );
+
+    // Next round the leaf pushes to its member again (not to the hub, its lowest rank). The
+    // hub keeps the member's place: a newcomer that pushes first is named the member.
+    assert_eq!(pushed(&start(&mut leaf, 6, "q3"), 2), Some(("q3", None)));
+    assert!(start(&mut hub, 6, "q1").is_empty());
+    deliver_push(&mut hub, 6_005, (4, 40), "q4", None);
+    assert_eq!(
+        answered(&drain(&mut hub), 4),
+        Some(Answer::Full { hint: 2, rank: 20 })
+    );
+    assert_eq!(pushed(&start(&mut sub, 6, "q2"), 1), Some(("q2", None)));
+    deliver_push(&mut hub, 6_010, (2, 20), "q2", None);
+    assert_eq!(
+        answered(&drain(&mut hub), 2),
+        Some(Answer::Accepted { depth: 0 })
+    );
+    deliver_push(&mut sub, 6_010, (3, 30), "q3", None);
+    sub.handle_timeout(Millis(6_500));
+    let out = drain(&mut sub);
+    assert!(compute_merge(&mut sub, 6_510, &out, "s2'"));
+    assert_eq!(pushed(&drain(&mut sub), 1), Some(("s2'", None)));
+}
+
+#[test]
+fn a_member_whose_hub_serves_nothing_serves_its_childrens_merge_down() {
+    let mut sub = member_of_1(2, 20, 4);
+    assert_eq!(pushed(&start(&mut sub, 5, "p2"), 1), Some(("p2", None)));
+    answer(&mut sub, 5_020, 1, 5, Answer::Accepted { depth: 0 });
+    deliver_push(&mut sub, 5_030, (3, 30), "p3", None);
+    sub.handle_timeout(Millis(5_500));
+    let out = drain(&mut sub);
+    assert!(compute_merge(&mut sub, 5_510, &out, "s2"));
+    assert_eq!(pushed(&drain(&mut sub), 1), Some(("s2", None)));
+    // The hub answers late (its admission closed) and never serves: at the deadline the
+    // member serves its children's merge (they check it), and applies its own update.
+    answer(&mut sub, 5_700, 1, 5, Answer::Late);
+    sub.handle_timeout(Millis(6_000));
+    let out = drain(&mut sub);
+    assert!(
+        out.iter()
+            .any(|o| matches!(o, Output::ServeMerge { merge: "s2", .. }))
+    );
+    let report = finished(&out).unwrap();
+    assert_eq!(report.apply, Apply::Own("p2"));
+    assert!(report.missed);
+}
+
+#[test]
+fn a_member_joining_a_new_hub_names_it_to_pushers_unless_that_hub_sent_them() {
+    let mut node = Node::new(2, 20, tree(4)).with_first_round(0);
+    node.view.learn([(1, 10)]);
+    let out = start(&mut node, 5, "p2");
+    let ticket = fetch_ticket(&out, 1);
+    // A pusher its hub did not send is told to push to that hub itself (and take its model);
+    // one that hub sent is its child.
+    deliver_push(&mut node, 5_010, (3, 30), "p3", None);
+    deliver_push(&mut node, 5_011, (4, 40), "p4", Some(1));
+    let out = drain(&mut node);
+    assert_eq!(answered(&out, 4), Some(Answer::Accepted { depth: 1 }));
+    check_model(&mut node, Millis(5_020), ticket, "m1", ModelVerdict::Adopt);
+    let out = drain(&mut node);
+    assert_eq!(answered(&out, 3), Some(Answer::NotHub { hub: 1, rank: 10 }));
+    assert_eq!(answered(&out, 4), None);
 }

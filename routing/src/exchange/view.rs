@@ -84,6 +84,11 @@ impl<P: Clone + Ord> View<P> {
         *p == self.own
     }
 
+    /// Whether `p` is in the view.
+    pub(super) fn knows(&self, p: &P) -> bool {
+        self.cohort.ranked().iter().any(|(_, q)| q == p)
+    }
+
     pub(super) fn learn(&mut self, peers: impl IntoIterator<Item = (P, u64)>) -> usize {
         let learned = self.cohort.learn(peers);
         if learned > 0 {

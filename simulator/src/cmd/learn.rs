@@ -169,6 +169,10 @@ pub(crate) struct LearnArgs {
     /// 100).
     #[arg(long)]
     pub(crate) hub_rank_window: Option<u64>,
+    /// Kindred's hub exchange: bounded hubs, each admitting at most this many pushes a round;
+    /// a cohort becomes a tree of sub-hubs (default: one hub per cohort).
+    #[arg(long)]
+    pub(crate) fanout: Option<usize>,
 }
 
 impl LearnArgs {
@@ -239,6 +243,10 @@ impl LearnArgs {
         if let Some(w) = self.hub_rank_window {
             anyhow::ensure!(w >= 1, "--hub-rank-window must be at least 1");
             c.hub.rank_window = w;
+        }
+        if let Some(m) = self.fanout {
+            anyhow::ensure!(m >= 2, "--fanout must be at least 2");
+            c.hub.fanout = Some(m);
         }
         c.eval_nodes = self.eval_nodes;
         c.eval_examples = self.eval_examples;
@@ -443,6 +451,8 @@ fn policy_json(r: &LearnReport) -> Value {
                 "compression_ratio_last": p.rounds.last().map_or(0.0, |s| s.compression_ratio),
                 "hub_changes_per_node": p.hub_changes_per_node,
                 "missed_merges": p.missed_merges,
+                "members_per_hub_max": p.members_per_hub_max,
+                "tree_depth_max": p.tree_depth_max,
                 "seconds": p.seconds,
             }),
         );

@@ -489,6 +489,10 @@ pub struct HubConfig {
     /// Rounds per rank window (`kindred_routing::exchange::ExchangeConfig::rank_window`).
     /// Default 100.
     pub rank_window: u64,
+    /// Bounded hubs: most pushes a hub or sub-hub admits in a round
+    /// (`kindred_routing::exchange::ExchangeConfig::fanout`). Default `None`: one hub per
+    /// cohort.
+    pub fanout: Option<usize>,
     /// What goes wrong on the way: lost messages, crashing hubs, rank-grinding attackers.
     pub faults: Faults,
 }
@@ -526,6 +530,7 @@ impl Default for HubConfig {
             min_gain_share: MIN_GAIN_SHARE,
             density: None,
             rank_window: kindred_routing::exchange::ExchangeConfig::default().rank_window,
+            fanout: kindred_routing::exchange::ExchangeConfig::default().fanout,
             faults: Faults::default(),
         }
     }

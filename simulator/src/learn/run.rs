@@ -149,6 +149,10 @@ pub struct RoundStats {
     pub missed_merges: usize,
     /// Hub exchange: nodes whose hub changed since their last exchange round.
     pub hub_changes: usize,
+    /// Hub exchange: most pushes one hub or sub-hub merged.
+    pub members_per_hub_max: usize,
+    /// Hub exchange: the deepest member of a cohort's tree (1: all pushed to their hub).
+    pub tree_depth_max: usize,
 }
 
 /// One policy over the whole run.
@@ -178,6 +182,10 @@ pub struct PolicyReport {
     pub missed_merges: usize,
     /// Hub exchange: changes of hub per node over the run.
     pub hub_changes_per_node: f64,
+    /// Hub exchange: most pushes one hub or sub-hub merged in a round.
+    pub members_per_hub_max: usize,
+    /// Hub exchange: the deepest member of a cohort's tree in any round.
+    pub tree_depth_max: usize,
 }
 
 /// A whole learning run.
@@ -560,6 +568,13 @@ pub fn run(cfg: &LearnConfig, progress: ProgressFn<'_>) -> Result<LearnReport, L
             .map(|r| r.hub_changes as f64)
             .sum::<f64>()
             / cfg.nodes as f64;
+        let rounds = &state.report.rounds;
+        state.report.members_per_hub_max = rounds
+            .iter()
+            .map(|r| r.members_per_hub_max)
+            .max()
+            .unwrap_or(0);
+        state.report.tree_depth_max = rounds.iter().map(|r| r.tree_depth_max).max().unwrap_or(0);
     }
     Ok(LearnReport {
         nodes: cfg.nodes,
@@ -868,6 +883,7 @@ fn step(
     let mut dht_total = 0f64;
     let mut searches = 0usize;
     let (mut missed, mut hub_changes) = (0usize, 0usize);
+    let (mut fan_in, mut depth) = (0usize, 0usize);
     let found: Vec<Vec<u32>> = match (state.spec.partners, overlay) {
         (Partners::Semantic, Some(ov)) => {
             let sigs: Vec<SimHash> = packed.iter().map(|p| p.embedding.simhash).collect();
@@ -930,6 +946,8 @@ fn step(
             searches = h.searched;
             missed = h.missed;
             hub_changes = h.hub_changes;
+            fan_in = h.fan_in_max;
+            depth = h.depth_max;
             h.merged
         }
         Partners::Local => own
@@ -1150,6 +1168,8 @@ fn step(
         searched: searches as f64 / nf,
         missed_merges: missed,
         hub_changes,
+        members_per_hub_max: fan_in,
+        tree_depth_max: depth,
         ..RoundStats::default()
     };
     let acc = evaluate(cfg, &data.eval, &data.cluster, &state.params, &data.tracked)?;
@@ -1599,6 +1619,33 @@ mod tests {
             last.bytes_per_node
         );
         assert!(hub.bytes_per_node_round < 0.5 * pairwise.bytes_per_node_round);
+    }
+
+    #[test]
+    fn bounded_hubs_make_each_task_one_tree_that_applies_one_merge() {
+        let mut cfg = small();
+        cfg.rounds = 7;
+        cfg.train.steps = 12;
+        cfg.hub.fanout = Some(2);
+        cfg.policies = vec![PolicySpec::kindred()];
+        let r = run(&cfg, &quiet).unwrap();
+        let hub = &r.policies[0];
+        // Two tasks of 8 nodes: no hub merges more than 2 pushes, so the trees are at least
+        // 2 deep, and every node of a task applies its root's merge (one model per task).
+        assert_eq!(hub.members_per_hub_max, 2);
+        assert!(hub.tree_depth_max >= 2, "{}", hub.tree_depth_max);
+        for s in &hub.rounds[2..] {
+            assert_eq!(s.purity, 1.0, "round {}", s.round);
+            assert_bytes_add_up(s);
+        }
+        let last = hub.rounds.last().unwrap();
+        assert!(last.partners > 6.0, "{}", last.partners);
+        assert!(
+            (hub.final_accuracy - hub.consensus_accuracy).abs() < 0.02,
+            "{} vs {}",
+            hub.final_accuracy,
+            hub.consensus_accuracy
+        );
     }
 
     #[test]

@@ -25,6 +25,11 @@
 //!   node's own data (`check_by_data`, `check_adoption`). A hostile hub corrupts what it
 //!   serves by its attack and vouches for its own merge.
 //!
+//! With bounded hubs ([`crate::learn::HubConfig::fanout`]) a cohort is a tree: a sub-hub's
+//! merge of its children is a [`Blob::Merge`] it pushes in place of its packet, counted at
+//! its encoded length, and weighed in its parent's merge by the samples of everything in it;
+//! a hostile sub-hub corrupts what it pushes up and what it passes down.
+//!
 //! A round starts at `round · ROUND_MS` and ends by its deadline [`ROUND_MS`] later: every
 //! core reports [`Output::Finished`] by then, and the node applies what it reports.
 //!
@@ -89,8 +94,11 @@ struct HubMerge {
     clean: Vec<f32>,
     /// Before distillation: what the hub's own data checks.
     raw: Vec<f32>,
-    /// Members whose updates are in it.
+    /// Members whose updates are in it (through sub-hubs too).
     contributors: Vec<u32>,
+    /// Training samples of everything merged, the hub's own included: what a sub-hub's merge
+    /// weighs in its parent's.
+    samples: u64,
     rejected: usize,
     header_len: usize,
     body_len: usize,
@@ -128,6 +136,10 @@ pub(super) struct HubRound {
     pub missed: usize,
     /// Nodes whose hub changed since their last exchange round.
     pub hub_changes: usize,
+    /// Most pushes one hub or sub-hub merged.
+    pub fan_in_max: usize,
+    /// Deepest member of a cohort's tree (1: every member pushed to its hub).
+    pub depth_max: usize,
 }
 
 /// Everything a round's packing produced that the exchange reads.
@@ -163,6 +175,7 @@ impl Hubs {
         };
         let config = ExchangeConfig {
             rank_window: cfg.hub.rank_window,
+            fanout: cfg.hub.fanout,
             ..config
         };
         let peer_ids: Vec<Vec<u8>> = keys
@@ -267,7 +280,8 @@ enum Job {
     Merge {
         node: u32,
         ticket: Ticket,
-        members: Vec<u32>,
+        /// Each member with what it pushed: its packet, or a sub-hub's merge.
+        members: Vec<(u32, Handle)>,
     },
     CheckMerge {
         node: u32,
@@ -315,6 +329,8 @@ struct Driver<'c, 'r, 'a, 'p> {
     /// Per node, the time of the wake it has pending: a core's timer is scheduled once, not
     /// again after every input.
     wakes: Vec<Option<Millis>>,
+    /// Most pushes one (sub-)hub merged this round.
+    fan_in_max: usize,
 }
 
 /// Run one round of the hub exchange for every node.
@@ -366,6 +382,7 @@ pub(super) fn exchange(
         models: HashMap::new(),
         next_request: 0,
         wakes: vec![None; n],
+        fan_in_max: 0,
     };
     for i in 0..n {
         if hubs.is_down(i, r.round) {
@@ -446,8 +463,10 @@ pub(super) fn exchange(
         mut merged,
         reports,
         blobs,
+        fan_in_max,
         ..
     } = d;
+    let depth_max = (0..n).map(|i| depth(&reports, i)).max().unwrap_or(0);
     for (i, (m, report)) in merged.iter_mut().zip(reports).enumerate() {
         let sent = (r.sent)(i);
         if let Some(core) = hubs.cores.get(i) {
@@ -517,6 +536,8 @@ pub(super) fn exchange(
         alone = hubs.cores.iter().filter(|c| c.cohort().is_empty()).count(),
         missed,
         changes,
+        fan_in_max,
+        depth_max,
         "hub round"
     );
     Ok(HubRound {
@@ -525,7 +546,25 @@ pub(super) fn exchange(
         searched,
         missed,
         hub_changes: changes,
+        fan_in_max,
+        depth_max,
     })
+}
+
+/// Node `i`'s depth in its cohort's tree this round: the pushes between it and a node that
+/// was its own hub (0 for a hub, a node alone or one that took no part).
+fn depth(
+    reports: &[Option<kindred_routing::exchange::RoundReport<u32, Handle>>],
+    i: usize,
+) -> usize {
+    let mut at = i;
+    for d in 0..reports.len().min(64) {
+        match reports.get(at).and_then(Option::as_ref) {
+            Some(r) if r.role == Role::Member && r.hub as usize != at => at = r.hub as usize,
+            _ => return d,
+        }
+    }
+    0
 }
 
 /// The model a [`Blob::Model`] handle holds.
@@ -623,13 +662,22 @@ impl Driver<'_, '_, '_, '_> {
                 model,
             }),
             Output::Push {
-                to, packet, known, ..
+                to,
+                packet,
+                known,
+                via,
+                ..
             } => {
-                let p = match self.blobs.get(packet as usize) {
-                    Some(Blob::Packet(node)) => self.r.packed.get(*node as usize),
-                    _ => None,
+                // A node's packet, or a sub-hub's merge of its children pushed in its place.
+                let (header, body) = match self.blobs.get(packet as usize) {
+                    Some(Blob::Packet(node)) => self
+                        .r
+                        .packed
+                        .get(*node as usize)
+                        .map_or((0, 0), |p| (p.header_bytes, p.body_bytes)),
+                    Some(Blob::Merge(x)) => (x.header_len, x.body_len),
+                    _ => (0, 0),
                 };
-                let (header, body) = p.map_or((0, 0), |p| (p.header_bytes, p.body_bytes));
                 let message = RpcRequest::Push {
                     id: self.request_id(),
                     round,
@@ -649,6 +697,7 @@ impl Driver<'_, '_, '_, '_> {
                     packet,
                     cosine: self.cosine(to, i),
                     known,
+                    via,
                 };
                 if !hubs.is_down(to as usize, round) {
                     self.send(now, to, input);
@@ -656,14 +705,17 @@ impl Driver<'_, '_, '_, '_> {
             }
             Output::Answer { to, answer, .. } => {
                 let wire = match &answer {
-                    Answer::Accepted => PushAnswer::Accepted,
-                    Answer::NotHub { hub, .. } => PushAnswer::NotHub {
-                        hub: hubs
-                            .peer_ids
-                            .get(*hub as usize)
-                            .cloned()
-                            .unwrap_or_default(),
-                    },
+                    Answer::Accepted { .. } => PushAnswer::Accepted,
+                    // A tree's answers are counted as the wire's nearest: a redirect.
+                    Answer::NotHub { hub, .. } | Answer::Full { hint: hub, .. } => {
+                        PushAnswer::NotHub {
+                            hub: hubs
+                                .peer_ids
+                                .get(*hub as usize)
+                                .cloned()
+                                .unwrap_or_default(),
+                        }
+                    }
                     Answer::Busy => PushAnswer::Busy,
                     Answer::Late => PushAnswer::Late,
                     Answer::Refused { foreign } => PushAnswer::Refused { foreign: *foreign },
@@ -690,11 +742,14 @@ impl Driver<'_, '_, '_, '_> {
             }
             Output::Merge {
                 ticket, members, ..
-            } => self.jobs.push(Job::Merge {
-                node: i,
-                ticket,
-                members: members.into_iter().map(|(p, _)| p).collect(),
-            }),
+            } => {
+                self.fan_in_max = self.fan_in_max.max(members.len());
+                self.jobs.push(Job::Merge {
+                    node: i,
+                    ticket,
+                    members,
+                });
+            }
             Output::CheckMerge {
                 ticket,
                 merge,
@@ -709,6 +764,7 @@ impl Driver<'_, '_, '_, '_> {
             Output::ServeMerge {
                 to, merge, listed, ..
             } => {
+                let merge = self.relay(i, merge);
                 let (header, body) = match self.blobs.get(merge as usize) {
                     Some(Blob::Merge(x)) => (x.header_len, x.body_len),
                     _ => (0, 0),
@@ -761,6 +817,45 @@ impl Driver<'_, '_, '_, '_> {
             }
         }
         Ok(())
+    }
+
+    /// What sub-hub `i` serves its children of the merge `merge` from above: that merge, or,
+    /// from a hostile sub-hub, that merge corrupted by its attack.
+    fn relay(&mut self, i: u32, merge: Handle) -> Handle {
+        let attack = match self.data.hostile.get(i as usize) {
+            Some(Some(attack)) => *attack,
+            _ => return merge,
+        };
+        let Some(Blob::Merge(x)) = self.blobs.get(merge as usize) else {
+            return merge;
+        };
+        if x.hub == i {
+            return merge;
+        }
+        let mut served = x.served.clone();
+        if attack == Attack::MaxFinite {
+            served.iter_mut().for_each(|v| *v = f32::MAX.copysign(*v));
+        } else {
+            corrupt(
+                &mut served,
+                attack,
+                node_word(self.cfg.seed, 0x4E_BAD, self.r.round, i as usize),
+            );
+        }
+        let relayed = HubMerge {
+            hub: i,
+            served,
+            clean: x.served.clone(),
+            raw: x.raw.clone(),
+            contributors: x.contributors.clone(),
+            samples: x.samples,
+            rejected: x.rejected,
+            header_len: x.header_len,
+            body_len: x.body_len,
+        };
+        let h = self.blobs.len() as Handle;
+        self.blobs.push(Blob::Merge(relayed));
+        h
     }
 
     /// Member `i` asks `hub` for its model: a snapshot (int8 cumulative update, sparse where
@@ -1049,23 +1144,52 @@ impl Driver<'_, '_, '_, '_> {
     fn hub_merge(
         &self,
         h: u32,
-        members: &[u32],
+        pushed: &[(u32, Handle)],
         distiller: Option<&mut Distiller>,
     ) -> Result<Option<HubMerge>, LearnError> {
         let r = self.r;
         let Some(distiller) = distiller else {
             return Ok(None);
         };
+        // A sub-hub pushes its merge of its children (as it serves it: corrupted if hostile),
+        // weighing the samples of all of them.
+        let subs: HashMap<u32, &HubMerge> = pushed
+            .iter()
+            .filter_map(|&(p, handle)| match self.blobs.get(handle as usize) {
+                Some(Blob::Merge(x)) => Some((p, x)),
+                _ => None,
+            })
+            .collect();
+        let members: Vec<u32> = pushed.iter().map(|&(p, _)| p).collect();
+        let members = &members[..];
+        let mut samples = r.samples.to_vec();
+        for (&p, x) in &subs {
+            if let Some(s) = samples.get_mut(p as usize) {
+                *s = x.samples;
+            }
+        }
+        let sent = |k: usize| -> &[f32] {
+            match u32::try_from(k).ok().and_then(|k| subs.get(&k)) {
+                Some(x) => &x.served,
+                None => (r.sent)(k),
+            }
+        };
         let exchange = super::Exchange {
             packed: r.packed,
-            sent: r.sent,
-            samples: r.samples,
+            sent: &sent,
+            samples: &samples,
         };
         let hu = h as usize;
         // A hub's robust merge has the gate of its cohort's size, as in the node.
         let mut policy = self.policy.clone();
         if let Merge::Robust(_) = policy.merge {
-            policy.merge = Merge::Robust(SynthConfig::for_hub(members.len()));
+            let mut sc = SynthConfig::for_hub(members.len());
+            // In a tree a sub-hub's merge weighs the samples of its children too: a claim
+            // may be a level's worth of the median's.
+            if let Some(m) = self.cfg.hub.fanout {
+                sc.max_samples_ratio = sc.max_samples_ratio.max(m as f32 + 1.0);
+            }
+            policy.merge = Merge::Robust(sc);
         }
         let Merged {
             update: raw,
@@ -1101,7 +1225,19 @@ impl Driver<'_, '_, '_, '_> {
             &out.body,
         )?;
         let clean = decode(&out.body, distiller.spec())?;
+        let body_len = sealed.body_bytes.len();
         let mut served = clean.clone();
+        // Whose updates are in it: its accepted pushers and, for a sub-hub's merge, theirs.
+        let mut total = samples.get(hu).copied().unwrap_or(1);
+        let mut whole = Vec::with_capacity(contributors.len());
+        for &p in &contributors {
+            total = total.saturating_add(samples.get(p as usize).copied().unwrap_or(1));
+            whole.push(p);
+            if let Some(x) = subs.get(&p) {
+                whole.extend(x.contributors.iter().copied().filter(|&c| c != h));
+            }
+        }
+        let contributors = whole;
         match self.data.hostile.get(hu) {
             Some(Some(Attack::MaxFinite)) => {
                 served = decode(&maximal(&out.body), distiller.spec())?;
@@ -1119,9 +1255,10 @@ impl Driver<'_, '_, '_, '_> {
             clean,
             raw,
             contributors,
+            samples: total,
             rejected,
             header_len: sealed.header_bytes.len(),
-            body_len: sealed.body_bytes.len(),
+            body_len,
         }))
     }
 
