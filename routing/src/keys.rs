@@ -127,6 +127,11 @@ pub struct RoundWindow(pub u64);
 pub struct KeyConfig {
     bands: u16,
     band_bits: u8,
+    /// Whether the bands move along the SimHash from one round window to the next
+    /// ([`KeyConfig::rotating`]).
+    rotate: bool,
+    /// The bit band 0 starts at ([`KeyConfig::at_window`]).
+    offset: u16,
 }
 
 /// Why a [`KeyConfig`] is invalid.
@@ -159,7 +164,50 @@ impl KeyConfig {
         if bands == 0 || usize::from(bands) * usize::from(band_bits) > SIMHASH_BITS {
             return Err(KeyConfigError::Bands { bands, band_bits });
         }
-        Ok(Self { bands, band_bits })
+        Ok(Self {
+            bands,
+            band_bits,
+            rotate: false,
+            offset: 0,
+        })
+    }
+
+    /// The same bands, moved along the SimHash in each round window: window `w`'s bands start
+    /// at bit `w·L·b` (modulo the positions where they fit). Few, narrow bands read a small
+    /// part of the signature; two cohorts of one task whose hubs' signatures differ in those
+    /// bits never find each other through them, window after window. Moving the bands gives
+    /// every window a fresh draw of bits. Bands that fill the signature do not move.
+    ///
+    /// ```
+    /// use kindred_routing::keys::{KeyConfig, RoundWindow};
+    ///
+    /// let keys = KeyConfig::new(3, 4).unwrap().rotating();
+    /// assert_eq!(keys.at_window(RoundWindow(0)).offset(), 0);
+    /// assert_eq!(keys.at_window(RoundWindow(1)).offset(), 12);
+    /// assert_eq!(KeyConfig::new(3, 4).unwrap().at_window(RoundWindow(1)).offset(), 0);
+    /// ```
+    pub fn rotating(mut self) -> Self {
+        self.rotate = true;
+        self
+    }
+
+    /// The layout of window `window`: for rotating bands ([`KeyConfig::rotating`]), where they
+    /// start in it.
+    pub fn at_window(mut self, window: RoundWindow) -> Self {
+        let used = self.bands().saturating_mul(self.band_bits());
+        let positions = SIMHASH_BITS.saturating_sub(used).saturating_add(1) as u64;
+        self.offset = if self.rotate {
+            let step = used as u64;
+            u16::try_from(window.0.wrapping_mul(step) % positions.max(1)).unwrap_or(0)
+        } else {
+            0
+        };
+        self
+    }
+
+    /// The bit band 0 starts at (0 unless [`KeyConfig::rotating`]).
+    pub fn offset(&self) -> usize {
+        usize::from(self.offset)
     }
 
     /// Number of bands `L`.
@@ -172,9 +220,10 @@ impl KeyConfig {
         usize::from(self.band_bits)
     }
 
-    /// Value of band `band` of `simhash` (bit `band·b` lowest). Bands past the end read as zero.
+    /// Value of band `band` of `simhash` (bit `offset + band·b` lowest). Bands past the end
+    /// read as zero.
     pub fn band_value(&self, simhash: &SimHash, band: usize) -> u64 {
-        simhash.bits(band * self.band_bits(), self.band_bits())
+        simhash.bits(self.offset() + band * self.band_bits(), self.band_bits())
     }
 }
 
@@ -184,6 +233,8 @@ impl Default for KeyConfig {
         Self {
             bands: 16,
             band_bits: 16,
+            rotate: false,
+            offset: 0,
         }
     }
 }
@@ -210,6 +261,7 @@ impl std::fmt::Debug for KeyContext {
 impl KeyContext {
     /// The context for keys of `model` in `window` on `network`.
     pub fn new(network: NetworkId, model: ModelId, window: RoundWindow, config: KeyConfig) -> Self {
+        let config = config.at_window(window);
         let mut prefix = blake3::Hasher::new();
         prefix.update(BAND_DOMAIN);
         prefix.update(&network.0);
@@ -224,7 +276,7 @@ impl KeyContext {
         }
     }
 
-    /// The band layout.
+    /// The band layout, as of its window ([`KeyConfig::at_window`]).
     pub fn config(&self) -> KeyConfig {
         self.config
     }
@@ -492,10 +544,11 @@ impl ProbeSequence {
                 *v = config.band_value(simhash, band);
             }
             let start = band * b;
+            let bit = config.offset() + start;
             let (Some(ord), Some(srt), Some(m)) = (
                 order.get_mut(start..start + b),
                 sorted.get_mut(start..start + b),
-                margins.get(start..start + b),
+                margins.get(bit..bit + b),
             ) else {
                 continue;
             };
@@ -772,6 +825,43 @@ mod tests {
             assert_eq!(usize::from(p.band), bit / 16);
             assert_eq!(p.flipped, 1 << (bit % 16));
         }
+    }
+
+    #[test]
+    fn rotating_bands_read_and_probe_the_bits_of_their_window() {
+        let sh = lcg_hash(9);
+        let keys = KeyConfig::new(3, 4).unwrap().rotating();
+        for w in 0..30u64 {
+            let at = keys.at_window(RoundWindow(w));
+            let offset = at.offset();
+            assert!(offset + 12 <= SIMHASH_BITS, "window {w}: {offset}");
+            for band in 0..3 {
+                assert_eq!(at.band_value(&sh, band), sh.bits(offset + 4 * band, 4));
+            }
+            // The context of a window uses that window's bands.
+            let ctx = KeyContext::new(
+                NetworkId::from_name("t"),
+                ModelId([1; 32]),
+                RoundWindow(w),
+                keys,
+            );
+            assert_eq!(ctx.config().offset(), offset);
+            // The cheapest margin inside the window's bands is the first probe.
+            let mut margins = vec![10.0f32; SIMHASH_BITS];
+            margins[offset + 6] = 0.1;
+            let first = ProbeSequence::new(&sh, &margins, at)
+                .unwrap()
+                .next()
+                .unwrap();
+            assert_eq!((first.band, first.flipped), (1, 1 << 2));
+        }
+        // Windows draw different bits; bands that fill the signature never move.
+        assert_ne!(
+            keys.at_window(RoundWindow(1)).offset(),
+            keys.at_window(RoundWindow(2)).offset()
+        );
+        let full = KeyConfig::default().rotating();
+        assert_eq!(full.at_window(RoundWindow(7)).offset(), 0);
     }
 
     #[test]

@@ -686,7 +686,7 @@ impl RoutingCore {
             };
         };
         // The header must carry the band value of at least one key it was served under.
-        let bands = self.config.keys;
+        let bands = self.config.keys.at_window(l.window);
         let matches = keys.iter().any(|k| {
             l.keys.get(k).is_some_and(|ks| {
                 bands.band_value(&h.embedding.simhash, usize::from(ks.band)) == ks.value

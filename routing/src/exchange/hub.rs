@@ -21,9 +21,9 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             .and_then(|r| r.hub.clone())
             .map(|h| (self.rank_of(&h), h));
         let fanout = self.config.fanout;
-        // In a tree, a member takes children only in a hub it is a member of already: one
-        // joining a new hub names it instead, so they take its model too.
-        // Or one its own hub named to the pusher, which has checked that hub's model.
+        // In a tree, a member takes children only under a hub it is a member of already (one
+        // joining a new hub names it, so that pushers take its model too), or those its own
+        // hub named to it (they checked that hub's model).
         let established = self.round.as_ref().is_some_and(|r| {
             let up = r.hub.as_ref().or(self.joined.as_ref());
             let member = match &r.hub {

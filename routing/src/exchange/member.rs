@@ -190,11 +190,11 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
         }
     }
 
-    /// Pushes the node held as a would-be hub (or, in a tree, while it joins a hub it was no
-    /// member of: its children must join that hub, and take its model, themselves) go to
-    /// `hub`, its checked hub. An idle hub
-    /// pushing to its next rank (its view's hub is itself) answers them late instead: it
-    /// outranks `hub`, and is a hub again next round.
+    /// Pushes the node held as a would-be hub (or, in a tree, while it joined a hub it was no
+    /// member of: those pushers must join that hub, and take its model, themselves) go to
+    /// `hub`, its checked hub; in a tree it keeps those `hub` named to them, as its children.
+    /// An idle hub pushing to its next rank (its view's hub is itself) answers them late
+    /// instead: it outranks `hub`, and is a hub again next round.
     fn redirect_held(&mut self, hub: &P, rank: u64) {
         let idle_push = self.view.is_own(&self.view.hub()) && !self.catching_up();
         let tree = self.config.fanout.is_some();
@@ -203,7 +203,6 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
         let (kept, redirected): (Vec<_>, Vec<_>) = std::mem::take(&mut r.pushes)
             .into_iter()
             .partition(|p| tree && !idle_push && p.via.as_ref() == Some(hub));
-        // In a tree, those `hub` sent are its children.
         r.pushes = kept;
         for p in redirected {
             let answer = if idle_push {
@@ -414,6 +413,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
         };
         let ask_at = r.at(ask_permille);
         let deadline = r.deadline;
+        let pushed_up = matches!(r.sub, Sub::Up { .. });
         let Step::Pushed {
             joining,
             accepted,
@@ -441,7 +441,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             }
             // The answer to a sub-hub's merge pushed in place of its accepted packet: the hub
             // merges the packet.
-            Answer::Late | Answer::Busy | Answer::Full { .. } if *accepted => {}
+            Answer::Late | Answer::Busy | Answer::Full { .. } if *accepted && pushed_up => {}
             Answer::Late => self.finish(Apply::Nothing, false),
             Answer::Full { hint, rank } => {
                 // The hub admits no more: it names one of its members to push to, in its

@@ -237,7 +237,8 @@ impl LearnArgs {
                 self.hub_band_bits
                     .unwrap_or(u8::try_from(c.hub.keys.band_bits()).unwrap_or(u8::MAX)),
             )?;
-            c.hub.keys = keys;
+            // Moving along the SimHash by window, as the exchange's own keys do.
+            c.hub.keys = keys.rotating();
         }
         c.hub.faults = self.faults()?;
         if let Some(w) = self.hub_rank_window {
@@ -453,6 +454,7 @@ fn policy_json(r: &LearnReport) -> Value {
                 "missed_merges": p.missed_merges,
                 "members_per_hub_max": p.members_per_hub_max,
                 "tree_depth_max": p.tree_depth_max,
+                "largest_tree_share_by_round": by_round(&|s| s.largest_tree_share),
                 "seconds": p.seconds,
             }),
         );

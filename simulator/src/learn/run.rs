@@ -153,6 +153,8 @@ pub struct RoundStats {
     pub members_per_hub_max: usize,
     /// Hub exchange: the deepest member of a cohort's tree (1: all pushed to their hub).
     pub tree_depth_max: usize,
+    /// Hub exchange: the smallest share, over tasks, of a task's nodes in its largest tree.
+    pub largest_tree_share: f64,
 }
 
 /// One policy over the whole run.
@@ -457,7 +459,11 @@ pub fn run(cfg: &LearnConfig, progress: ProgressFn<'_>) -> Result<LearnReport, L
         .policies
         .iter()
         .any(|p| p.partners == Partners::Hub)
-        .then(|| Overlay::new(cfg.nodes, cfg.seed, spec.id()).with_keys(cfg.hub.keys));
+        .then(|| {
+            Overlay::new(cfg.nodes, cfg.seed, spec.id())
+                .with_keys(cfg.hub.keys)
+                .with_key_window(kindred_routing::exchange::ExchangeConfig::default().key_window)
+        });
     let embedder = Embedder::new(cfg.embedding)?;
     let mut states: Vec<State> = cfg
         .policies
@@ -883,7 +889,7 @@ fn step(
     let mut dht_total = 0f64;
     let mut searches = 0usize;
     let (mut missed, mut hub_changes) = (0usize, 0usize);
-    let (mut fan_in, mut depth) = (0usize, 0usize);
+    let (mut fan_in, mut depth, mut largest) = (0usize, 0usize, f64::NAN);
     let found: Vec<Vec<u32>> = match (state.spec.partners, overlay) {
         (Partners::Semantic, Some(ov)) => {
             let sigs: Vec<SimHash> = packed.iter().map(|p| p.embedding.simhash).collect();
@@ -948,6 +954,7 @@ fn step(
             hub_changes = h.hub_changes;
             fan_in = h.fan_in_max;
             depth = h.depth_max;
+            largest = h.largest_tree_share;
             h.merged
         }
         Partners::Local => own
@@ -1170,6 +1177,7 @@ fn step(
         hub_changes,
         members_per_hub_max: fan_in,
         tree_depth_max: depth,
+        largest_tree_share: largest,
         ..RoundStats::default()
     };
     let acc = evaluate(cfg, &data.eval, &data.cluster, &state.params, &data.tracked)?;

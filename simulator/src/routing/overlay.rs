@@ -63,6 +63,9 @@ pub struct Overlay {
     network: NetworkId,
     model: ModelId,
     seed: u64,
+    /// Rounds per key window (the node's `key_window`): keys, and a rotating layout's bands
+    /// ([`KeyConfig::rotating`]), change once per window. Default 1.
+    key_window: u64,
 }
 
 /// What one round of announcements and lookups found and cost.
@@ -110,6 +113,7 @@ impl Overlay {
             network: NetworkId::from_name("kindred-sim"),
             model,
             seed,
+            key_window: 1,
         }
     }
 
@@ -135,6 +139,13 @@ impl Overlay {
     /// Use the band layout `keys`.
     pub fn with_keys(mut self, keys: KeyConfig) -> Self {
         self.keys = keys;
+        self
+    }
+
+    /// Rounds per key window (at least 1): the keys of a round are those of its window, as a
+    /// node's (`kindred_routing::exchange::ExchangeConfig::key_window`).
+    pub fn with_key_window(mut self, rounds: u64) -> Self {
+        self.key_window = rounds.max(1);
         self
     }
 
@@ -178,7 +189,8 @@ impl Overlay {
         probes: impl Fn(usize) -> usize,
     ) -> Result<OverlayRound, ProbeError> {
         let n = self.ids.len();
-        let ctx = KeyContext::new(self.network, self.model, RoundWindow(round), self.keys);
+        let window = RoundWindow(round / self.key_window.max(1));
+        let ctx = KeyContext::new(self.network, self.model, window, self.keys);
         let search = |i: usize| searches.get(i).copied().unwrap_or_default();
         let is_active = |i: usize| search(i) != Search::Idle;
         let announces = |i: usize| matches!(search(i), Search::Full | Search::Refresh);
@@ -188,7 +200,7 @@ impl Overlay {
             .collect();
         let shards = Shards::from_signatures(
             if self.sharding { &announced } else { &[] },
-            self.keys,
+            ctx.config(),
             self.shards,
             self.kad.replication,
         );
@@ -204,7 +216,7 @@ impl Overlay {
             let salt = self.ids.id(i as u32).to_le_bytes();
             let start = rand(1, i, 10 * SECOND);
             for band in 0..self.keys.bands() {
-                let value = self.keys.band_value(&sig, band);
+                let value = ctx.config().band_value(&sig, band);
                 let base = ctx.band_key(band, value);
                 let s = shards.get(band as u16, value);
                 let key = shard_key(&base, announce_shard(&salt, &base, s));
@@ -242,12 +254,12 @@ impl Overlay {
             };
             let start = 30 * SECOND + rand(2, i, 10 * SECOND);
             let mut origins: Vec<(u16, u64)> = (0..self.keys.bands())
-                .map(|b| (b as u16, self.keys.band_value(&sig, b)))
+                .map(|b| (b as u16, ctx.config().band_value(&sig, b)))
                 .collect();
             let take = probes(i);
             if take > 0 {
                 let m = margins.get(i).map_or(&[][..], |m| &m[..]);
-                let seq = ProbeSequence::new(&sig, m, self.keys)?;
+                let seq = ProbeSequence::new(&sig, m, ctx.config())?;
                 origins.extend(seq.take(take).map(|p| (p.band, p.value)));
             }
             for (band, value) in origins {

@@ -12,7 +12,9 @@
 //!   [`RpcResponse::Merge`], a model fetch [`RpcRequest::GetSnapshot`] and
 //!   [`RpcResponse::Snapshot`]), and lost with probability [`Faults::msg_loss`]. A node that is
 //!   down receives nothing.
-//! - **Searches** of a round run together in the routing model ([`Overlay`]); each provider
+//! - **Searches** of a round run together in the routing model ([`Overlay`]), under the keys
+//!   of the round's key window ([`ExchangeConfig::key_window`]; the bands move along the
+//!   SimHash from one window to the next, `kindred_routing::KeyConfig::rotating`); each provider
 //!   found is asked for its header (which names the provider's hub). The model keeps a
 //!   round's announcements for that round only, where a real node's lookups also find those
 //!   of earlier rounds of the key window: virtual nodes start together, so their searches
@@ -140,6 +142,8 @@ pub(super) struct HubRound {
     pub fan_in_max: usize,
     /// Deepest member of a cohort's tree (1: every member pushed to its hub).
     pub depth_max: usize,
+    /// The smallest share, over tasks, of a task's nodes in its largest tree (or cohort).
+    pub largest_tree_share: f64,
 }
 
 /// Everything a round's packing produced that the exchange reads.
@@ -467,6 +471,7 @@ pub(super) fn exchange(
         ..
     } = d;
     let depth_max = (0..n).map(|i| depth(&reports, i)).max().unwrap_or(0);
+    let largest_tree_share = largest_tree_share_min(&reports, data);
     for (i, (m, report)) in merged.iter_mut().zip(reports).enumerate() {
         let sent = (r.sent)(i);
         if let Some(core) = hubs.cores.get(i) {
@@ -548,6 +553,7 @@ pub(super) fn exchange(
         hub_changes: changes,
         fan_in_max,
         depth_max,
+        largest_tree_share,
     })
 }
 
@@ -557,14 +563,47 @@ fn depth(
     reports: &[Option<kindred_routing::exchange::RoundReport<u32, Handle>>],
     i: usize,
 ) -> usize {
+    root(reports, i).1
+}
+
+/// The node at the top of node `i`'s tree this round (a node that was its own hub, or took no
+/// part), and the pushes between them.
+fn root(
+    reports: &[Option<kindred_routing::exchange::RoundReport<u32, Handle>>],
+    i: usize,
+) -> (usize, usize) {
     let mut at = i;
     for d in 0..reports.len().min(64) {
         match reports.get(at).and_then(Option::as_ref) {
             Some(r) if r.role == Role::Member && r.hub as usize != at => at = r.hub as usize,
-            _ => return d,
+            _ => return (at, d),
         }
     }
-    0
+    (at, 0)
+}
+
+/// The smallest share, over tasks, of a task's honest nodes that took part this round in the
+/// task's largest tree (nodes under one root).
+fn largest_tree_share_min(
+    reports: &[Option<kindred_routing::exchange::RoundReport<u32, Handle>>],
+    data: &Data,
+) -> f64 {
+    let mut by_task: BTreeMap<usize, (usize, HashMap<usize, usize>)> = BTreeMap::new();
+    for (i, report) in reports.iter().enumerate() {
+        let honest = data.hostile.get(i).is_some_and(Option::is_none);
+        let (Some(_), true, Some(&task)) = (report, honest, data.cluster.get(i)) else {
+            continue;
+        };
+        let (count, trees) = by_task.entry(task).or_default();
+        *count += 1;
+        *trees.entry(root(reports, i).0).or_default() += 1;
+    }
+    by_task
+        .values()
+        .map(|(count, trees)| {
+            trees.values().copied().max().unwrap_or(0) as f64 / (*count).max(1) as f64
+        })
+        .fold(f64::NAN, f64::min)
 }
 
 /// The model a [`Blob::Model`] handle holds.
