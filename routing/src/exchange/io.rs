@@ -66,8 +66,9 @@ pub enum Answer<P> {
         /// Its rank.
         rank: u64,
     },
-    /// The hub holds as many pushes as it admits ([`super::ExchangeConfig::fanout`]): push to
-    /// `hint`, one of them, which takes the pusher as its child.
+    /// The hub holds (or keeps places for) as many pushes as it admits
+    /// ([`super::ExchangeConfig::fanout`]): push to `hint`, one of those members, which takes
+    /// the pusher as its child.
     Full {
         /// The member to push to.
         hint: P,

@@ -84,10 +84,12 @@
 //! pushing to the (sub-)hub whose merge it applied last, and a (sub-)hub keeps a place for
 //! each peer it served last round until that one pushes: the tree stays put from round to
 //! round. A sub-hub pushes its packet at once (that keeps its place, and the answer tells it
-//! its depth) and its children's merge in its place later. Only members of
-//! their hub take children, or pushers their own hub named to them ([`Output::Push::via`]):
-//! a node that joins another cohort's hub names that hub to its old members instead, so each
-//! of them checks and takes that hub's model itself, and the cohort keeps one model.
+//! its depth) and its children's merge in its place later. Only members of their hub take
+//! children, or pushers their own hub named to them ([`Output::Push::via`]): a node that
+//! joins another cohort's hub names that hub to its old members instead, so each of them
+//! checks and takes that hub's model itself, and the cohort keeps one model. In a tree a
+//! hub's own data checks every merge it makes, from the first exchange round: a sub-hub's
+//! merge came up checked by nobody's data.
 //!
 //! # Views on the wire
 //! A push names the member's view and a merge the hub's ([`Cohort::listed`]), each the
