@@ -37,13 +37,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
         let timing = self.config.timing;
         let from = push.from.clone();
         let view = &self.view;
-        let rank_in_view = |p: &P| {
-            view.cohort()
-                .ranked()
-                .iter()
-                .find(|(_, q)| q == p)
-                .map_or(u64::MAX, |(r, _)| *r)
-        };
+        let rank_in_view = |p: &P| view.rank_of(p);
         let answer = match self.round.as_mut() {
             Some(r) if r.number == round => match (&r.step, r.role) {
                 (_, Role::Local) => Answer::Busy,

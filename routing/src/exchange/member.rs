@@ -607,14 +607,6 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
 
     /// `p`'s rank as the view holds it (its own for the node).
     pub(super) fn rank_of(&self, p: &P) -> u64 {
-        if self.view.is_own(p) {
-            return self.view.own_rank();
-        }
-        self.view
-            .cohort()
-            .ranked()
-            .iter()
-            .find(|(_, q)| q == p)
-            .map_or(u64::MAX, |(r, _)| *r)
+        self.view.rank_of(p)
     }
 }

@@ -80,10 +80,9 @@ pub(super) enum Step<P, M> {
 
 /// A member's children in its cohort's tree ([`super::ExchangeConfig::fanout`]): pushes it
 /// holds ([`Round::pushes`]) until its level closes, then merges with its own packet.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub(super) enum Sub<P, M> {
     /// Taking children (if any push comes).
-    #[default]
     Open,
     /// Its level closed; the merge of its children and its own packet is being computed.
     Merging {

@@ -89,6 +89,18 @@ impl<P: Clone + Ord> View<P> {
         self.cohort.ranked().iter().any(|(_, q)| q == p)
     }
 
+    /// `p`'s rank as the view holds it (the node's own for itself; `u64::MAX` if unknown).
+    pub(super) fn rank_of(&self, p: &P) -> u64 {
+        if self.is_own(p) {
+            return self.own_rank;
+        }
+        self.cohort
+            .ranked()
+            .iter()
+            .find(|(_, q)| q == p)
+            .map_or(u64::MAX, |(r, _)| *r)
+    }
+
     pub(super) fn learn(&mut self, peers: impl IntoIterator<Item = (P, u64)>) -> usize {
         let learned = self.cohort.learn(peers);
         if learned > 0 {

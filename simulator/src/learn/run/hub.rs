@@ -470,7 +470,7 @@ pub(super) fn exchange(
         fan_in_max,
         ..
     } = d;
-    let depth_max = (0..n).map(|i| depth(&reports, i)).max().unwrap_or(0);
+    let depth_max = (0..n).map(|i| root(&reports, i).1).max().unwrap_or(0);
     let largest_tree_share = largest_tree_share_min(&reports, data);
     for (i, (m, report)) in merged.iter_mut().zip(reports).enumerate() {
         let sent = (r.sent)(i);
@@ -555,15 +555,6 @@ pub(super) fn exchange(
         depth_max,
         largest_tree_share,
     })
-}
-
-/// Node `i`'s depth in its cohort's tree this round: the pushes between it and a node that
-/// was its own hub (0 for a hub, a node alone or one that took no part).
-fn depth(
-    reports: &[Option<kindred_routing::exchange::RoundReport<u32, Handle>>],
-    i: usize,
-) -> usize {
-    root(reports, i).1
 }
 
 /// The node at the top of node `i`'s tree this round (a node that was its own hub, or took no
@@ -872,15 +863,11 @@ impl Driver<'_, '_, '_, '_> {
             return merge;
         }
         let mut served = x.served.clone();
-        if attack == Attack::MaxFinite {
-            served.iter_mut().for_each(|v| *v = f32::MAX.copysign(*v));
-        } else {
-            corrupt(
-                &mut served,
-                attack,
-                node_word(self.cfg.seed, 0x4E_BAD, self.r.round, i as usize),
-            );
-        }
+        corrupt(
+            &mut served,
+            attack,
+            node_word(self.cfg.seed, 0x4E_BAD, self.r.round, i as usize),
+        );
         let relayed = HubMerge {
             hub: i,
             served,
@@ -1201,9 +1188,10 @@ impl Driver<'_, '_, '_, '_> {
             .collect();
         let members: Vec<u32> = pushed.iter().map(|&(p, _)| p).collect();
         let members = &members[..];
-        let mut samples = r.samples.to_vec();
+        // The claims, with each sub-hub's its subtree's (copied only when a tree pushed).
+        let mut samples = std::borrow::Cow::Borrowed(r.samples);
         for (&p, x) in &subs {
-            if let Some(s) = samples.get_mut(p as usize) {
+            if let Some(s) = samples.to_mut().get_mut(p as usize) {
                 *s = x.samples;
             }
         }
