@@ -20,6 +20,7 @@
 //! figures, whatever the thread count.
 
 pub mod calibrate;
+pub mod cohorts;
 pub mod csv;
 pub mod experiment;
 pub mod learn;

@@ -33,6 +33,10 @@ enum Command {
     /// sign, selective, gossip) plus Kindred and the oracle, under IID, rotation and
     /// label-permutation clusters, several seeds, a poisoning run and cluster purity.
     Experiment(cmd::experiment::ExperimentArgs),
+    /// Cohort tier: the hub exchange's core for up to 10^6 virtual nodes without training
+    /// (synthetic update sketches per task, a DHT model, churn): how fast each task's nodes
+    /// form one bounded tree, its depth, hub load, purity and bytes per node.
+    Cohorts(cmd::cohorts::CohortsArgs),
 }
 
 /// candle asks for its thread count on every tensor operation, and unless `RAYON_NUM_THREADS`
@@ -71,5 +75,6 @@ fn main() -> anyhow::Result<()> {
         Command::Learn(args) => cmd::learn::run(&args),
         Command::Calibrate(args) => cmd::calibrate::run(&args),
         Command::Experiment(args) => cmd::experiment::run(&args),
+        Command::Cohorts(args) => cmd::cohorts::run_cmd(&args),
     }
 }

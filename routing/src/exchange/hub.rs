@@ -24,14 +24,24 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
         // In a tree, a member takes children only under a hub it is a member of already (one
         // joining a new hub names it, so that pushers take its model too), or those its own
         // hub named to it (they checked that hub's model).
-        let established = self.round.as_ref().is_some_and(|r| {
-            let up = r.hub.as_ref().or(self.joined.as_ref());
-            let member = match &r.hub {
-                Some(h) => self.joined.as_ref() == Some(h),
-                None => self.joined.as_ref().is_some_and(|j| !self.view.is_own(j)),
-            };
-            member || (push.via.is_some() && push.via.as_ref() == up)
-        });
+        // A node never takes as its child the node it pushes to: a root that joined another
+        // tree can be named its own old child by that tree's hub, and the two would then merge
+        // only each other's pushes.
+        let pushes_to_pusher = self.config.fanout.is_some()
+            && !own_hub
+            && self
+                .round
+                .as_ref()
+                .is_some_and(|r| r.hub.as_ref().or(self.joined.as_ref()) == Some(&push.from));
+        let established = !pushes_to_pusher
+            && self.round.as_ref().is_some_and(|r| {
+                let up = r.hub.as_ref().or(self.joined.as_ref());
+                let member = match &r.hub {
+                    Some(h) => self.joined.as_ref() == Some(h),
+                    None => self.joined.as_ref().is_some_and(|j| !self.view.is_own(j)),
+                };
+                member || (push.via.is_some() && push.via.as_ref() == up)
+            });
         let max = fanout.unwrap_or(self.config.max_pushers);
         let max_depth = self.config.max_depth();
         let timing = self.config.timing;
@@ -41,6 +51,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
         let answer = match self.round.as_mut() {
             Some(r) if r.number == round => match (&r.step, r.role) {
                 (_, Role::Local) => Answer::Busy,
+                _ if pushes_to_pusher && hub == from => Answer::Busy,
                 // Its own hub, or joining a hub its data has not checked yet: held.
                 (Step::Packet | Step::Search { .. } | Step::Collect { .. }, _) if own_hub => {
                     r.depth = 0;
@@ -69,7 +80,9 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
                         Answer::Late
                     }
                 }
-                (Step::Fetch { .. } | Step::CheckModel { .. }, Role::Member) => {
+                (Step::Fetch { .. } | Step::CheckModel { .. }, Role::Member)
+                    if !pushes_to_pusher =>
+                {
                     hold(r, push, max, None, rank_in_view)
                 }
                 (Step::Merging { .. } | Step::CheckOwn { .. } | Step::Done, Role::Hub) => {

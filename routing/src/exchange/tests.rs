@@ -1407,3 +1407,61 @@ fn a_member_joining_a_new_hub_names_it_to_pushers_unless_that_hub_sent_them() {
     assert_eq!(answered(&out, 3), Some(Answer::NotHub { hub: 1, rank: 10 }));
     assert_eq!(answered(&out, 4), None);
 }
+
+/// A round of a node that is its own hub whose search (if it asks for one) finds `found`.
+fn root_round(node: &mut Node, round: u64, found: &[(u32, u64)]) -> bool {
+    let asked = start(node, round, "p");
+    let t = Millis(round * 1_000);
+    if searches(&asked) {
+        let headers = found
+            .iter()
+            .map(|&(peer, rank)| SeenHeader {
+                peer,
+                rank,
+                cosine: 0.99,
+                hub: peer,
+                hub_rank: rank,
+            })
+            .collect();
+        node.handle(t.saturating_add(1), Input::SearchDone { round, headers });
+    }
+    drain(node);
+    node.handle_timeout(t.saturating_add(1_000));
+    drain(node);
+    searches(&asked)
+}
+
+#[test]
+fn a_root_searches_again_while_its_searches_teach_it_peers() {
+    // Rank 1: it stays its own hub whatever it finds.
+    let mut node = Node::new(1, 1, config());
+    for round in 0..3 {
+        assert!(root_round(&mut node, round, &[(10 + round as u32, 50)]));
+    }
+    // After the warm-up its search of round 2 taught it a peer: it searches in round 3 too,
+    // which teaches it nothing new, and then keeps to its schedule.
+    assert!(root_round(&mut node, 3, &[(12, 50)]));
+    assert!(!root_round(&mut node, 4, &[]));
+    assert!(!root_round(&mut node, 5, &[]));
+}
+
+#[test]
+fn a_member_never_takes_its_own_hub_as_its_child() {
+    let mut sub = member_of_1(2, 20, 4);
+    assert_eq!(pushed(&start(&mut sub, 5, "p2"), 1), Some(("p2", None)));
+    answer(&mut sub, 5_020, 1, 5, Answer::Accepted { depth: 0 });
+    // A child pushes and is held...
+    deliver_push(&mut sub, 5_030, (3, 30), "p3", None);
+    assert_eq!(
+        answered(&drain(&mut sub), 3),
+        Some(Answer::Accepted { depth: 1 })
+    );
+    // ...its own hub is not (a tree's hub can name a root that joined it to that root's old
+    // child, and the two would merge only each other's pushes).
+    deliver_push(&mut sub, 5_040, (1, 10), "p1", None);
+    let answer = answered(&drain(&mut sub), 1);
+    assert!(
+        !matches!(answer, Some(Answer::Accepted { .. }) | None),
+        "{answer:?}"
+    );
+}

@@ -184,6 +184,15 @@ impl Signatures {
         self.sigs.get(i as usize).copied().unwrap_or_default()
     }
 
+    /// The signature of any vector of the embeddings' dimension, and its per-bit margins.
+    ///
+    /// # Errors
+    /// [`WorkloadError::SimHash`] if hashing fails.
+    pub fn hash(&self, v: &[f32]) -> Result<(SimHash, Vec<f32>), WorkloadError> {
+        let h = self.hasher.hash(v)?;
+        Ok((SimHash(h.bits), h.margins.to_vec()))
+    }
+
     /// Per-bit margins of node `i`'s signature (for multi-probe).
     ///
     /// # Errors
