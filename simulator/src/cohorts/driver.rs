@@ -86,7 +86,7 @@ struct Sizes {
     answer_hint: usize,
     merge: usize,
     fetch_merge: usize,
-    model: usize,
+    model_request: usize,
 }
 
 impl Sizes {
@@ -124,7 +124,7 @@ impl Sizes {
                 }
                 .encoded_len(),
             fetch_merge,
-            model: RpcRequest::GetSnapshot { id }.encoded_len() + cfg.snapshot_bytes,
+            model_request: RpcRequest::GetSnapshot { id }.encoded_len(),
         }
     }
 }
@@ -362,7 +362,8 @@ impl Driver<'_> {
                         (self.n + self.blobs.len() - 1) as Handle
                     })
                 });
-                let bytes = self.sizes.model;
+                // The request, and the snapshot if the hub is still there to answer.
+                let bytes = self.sizes.model_request + model.map_or(0, |_| self.cfg.snapshot_bytes);
                 self.send(now, id, Input::ModelReceived { ticket, model }, bytes);
             }
             Output::CheckModel { ticket, model, .. } => {

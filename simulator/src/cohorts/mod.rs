@@ -29,7 +29,7 @@
 //! hub, DHT and exchange bytes per node, and purity (the share of nodes whose tree's majority
 //! task is theirs).
 
-mod dht;
+pub mod dht;
 mod driver;
 
 use std::time::Instant;
@@ -352,6 +352,9 @@ pub fn run(cfg: &CohortsConfig, progress: ProgressFn<'_>) -> Result<CohortsRepor
     }
     if cfg.nodes > u32::MAX as usize / 4 {
         return Err(CohortsError::Config("too many nodes".into()));
+    }
+    if cfg.tasks > usize::from(u16::MAX) {
+        return Err(CohortsError::Config("at most 65,535 tasks".into()));
     }
     if cfg.fanout.is_some_and(|m| m < 2) {
         return Err(CohortsError::Config(
