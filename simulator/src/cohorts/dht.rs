@@ -121,11 +121,6 @@ impl Dht {
         let found = self.records.get(&slot(key)).map_or(&[][..], Vec::as_slice);
         (found, self.costs.lookup(found.len()))
     }
-
-    /// Keys holding records.
-    pub fn keys(&self) -> usize {
-        self.records.len()
-    }
 }
 
 fn slot(key: &SemanticKey) -> u64 {

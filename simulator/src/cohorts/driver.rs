@@ -356,11 +356,14 @@ impl Driver<'_> {
                 announce, probes, ..
             } => self.searches.push((id, announce, probes)),
             Output::FetchModel { ticket, hub } => {
-                let model = swarm.slot(hub).map(|s| {
-                    *self.models.entry(hub).or_insert_with(|| {
-                        self.blobs.push(Blob::Model(self.emb.cluster(s as u32)));
-                        (self.n + self.blobs.len() - 1) as Handle
-                    })
+                // One model blob per hub and round, shared by every member that fetches it.
+                let model = swarm.slot(hub).map(|s| match self.models.get(&hub) {
+                    Some(&h) => h,
+                    None => {
+                        let h = self.add_blob(Blob::Model(self.task(s)));
+                        self.models.insert(hub, h);
+                        h
+                    }
                 });
                 // The request, and the snapshot if the hub is still there to answer.
                 let bytes = self.sizes.model_request + model.map_or(0, |_| self.cfg.snapshot_bytes);
