@@ -61,12 +61,20 @@ pub struct ExchangeConfig {
     /// Default 3: the first rounds' cohorts are fragments, and a fragment's hub meets the
     /// others' members (whose headers name their hub) by searching again.
     pub warmup_searches: u64,
-    /// After those, a node that is its own hub searches every this many rounds, with
+    /// After those, a node that is its own hub searches every this many rounds (one hub per
+    /// cohort; a tree's roots: [`ExchangeConfig::tree_search_every`]), with
     /// [`ExchangeConfig::search_probes`] multi-probe keys. Default 10. A node that knows nobody
     /// also searches in exchange round 4 and in the last round of every key window
     /// ([`ExchangeConfig::key_window`]): one miss of the warm-up's searches (the band keys are a
     /// coin toss for a young model) must not leave it alone for `search_every` rounds.
     pub search_every: u64,
+    /// With bounded hubs ([`ExchangeConfig::fanout`]) a root searches every this many rounds
+    /// after the warm-up instead. Default 2. Only roots search in a tree, one node in `m` at
+    /// most, so frequent searches cost the swarm little, and each one joins fragments of a
+    /// task that missed each other: `kindred-sim learn --nodes 1000 --rounds 30 --setting
+    /// label --fanout 64 --seed 1` had 99% of every task in one tree at round 10 with searches
+    /// every 2 rounds, 12 with 5, 22 with 10, for 1% more bytes (BENCHMARKS.md, cohorts).
+    pub tree_search_every: u64,
     /// Rounds per window of the semantic keys (the routing's `Discovery::every_rounds`; swarm
     /// rounds `w·key_window .. (w+1)·key_window` share one): what is announced in a window is
     /// found under its keys until the window ends. A node that knows nobody searches in the
@@ -142,6 +150,15 @@ pub struct ExchangeConfig {
     /// Misses in a row (no answer, busy, no merge by the deadline) after which a member
     /// forgets its hub and moves to the next rank. Default 2.
     pub max_misses: u32,
+    /// Rounds a hub stays out of a member's view once it answered nothing (a push or a model
+    /// fetch, and the retry), or its model could not be fetched. Default 3. The peers of a
+    /// dead hub still name it in their views and headers; forgotten only, it came back with
+    /// each of them, and a tree tried it again and again: `kindred-sim cohorts --nodes 10000
+    /// --tasks 8 --rounds 20 --churn 0.3 --seed 4` had a whole task out of every tree for 10 of
+    /// its last 16 rounds after its root left, 3 with this. Longer costs members whose hub only
+    /// lost their messages: at 10 rounds, `learn --nodes 64 --setting label --msg-loss 0.05`
+    /// lost 0.22 point against 0.17 at 3 (BENCHMARKS.md, ideas).
+    pub dropped_rounds: u64,
     /// Rounds a peer stays banned once its merge failed the node's check, its model failed it
     /// twice, or its data refused the node's. Default 100. One failed merge bans: a liar that
     /// ground a low rank costs each member one round, where banning at a second failure cost
@@ -214,6 +231,7 @@ impl Default for ExchangeConfig {
             local_rounds: 2,
             warmup_searches: 3,
             search_every: 10,
+            tree_search_every: 2,
             key_window: 10,
             idle_rounds: 2,
             catch_up_after: 2,
@@ -227,6 +245,7 @@ impl Default for ExchangeConfig {
             max_pushers: 256,
             fanout: None,
             max_misses: 2,
+            dropped_rounds: 3,
             ban_rounds: 100,
             data_checks_from: 1,
             rank_window: 100,

@@ -359,6 +359,29 @@ fn fetch_ticket(out: &[Output<u32, &'static str>], hub: u32) -> Ticket {
 }
 
 #[test]
+fn a_hub_whose_model_cannot_be_fetched_is_dropped_and_the_next_rank_joined_that_round() {
+    let mut member = Node::new(3, 30, config());
+    member.view.learn([(1, 10), (2, 20)]);
+    let out = start(&mut member, 0, "p3");
+    // The lowest rank left the swarm: its fetch fails outright.
+    member.handle(
+        Millis(10),
+        Input::ModelReceived {
+            ticket: fetch_ticket(&out, 1),
+            model: None,
+        },
+    );
+    let out = drain(&mut member);
+    assert!(fetches_from(&out, 2), "{out:?}");
+    assert!(!out.iter().any(|o| matches!(o, Output::Ban { .. })));
+    // Its peers still name it; it stays out of the view for `dropped_rounds`.
+    assert_eq!(member.view.learn([(1, 10)]), 0);
+    assert_eq!(member.hub(), 2);
+    member.view.lift_bans(config().dropped_rounds);
+    assert_eq!(member.view.learn([(1, 10)]), 1);
+}
+
+#[test]
 fn a_hub_whose_model_is_refused_is_forgotten_then_banned_the_second_time() {
     let mut member = Node::new(2, 20, config());
     member.view.learn([(1, 10)]);
@@ -556,7 +579,7 @@ fn a_snapshot_restores_the_same_behaviour_and_refuses_other_versions() {
 fn a_member_pushes_again_asks_for_its_merge_and_names_its_view_once() {
     let mut cfg = config();
     cfg.timing.answer_ms = 100;
-    let mut member = Node::new(2, 20, cfg);
+    let mut member = Node::new(2, 20, cfg.clone());
     member.view.learn([(1, 10)]);
     member.joined = Some(1);
     let pushed = |out: &[Output<u32, &'static str>]| {
@@ -576,10 +599,13 @@ fn a_member_pushes_again_asks_for_its_merge_and_names_its_view_once() {
     assert_eq!(
         member.hub(),
         2,
-        "a hub silent to a push and its retry is forgotten"
+        "a hub silent to a push and its retry is dropped"
     );
-    // A search finds it again.
-    member.view.learn([(1, 10)]);
+    // Set aside for `dropped_rounds`: a search that finds it (or a peer that names it) does
+    // not bring it back until then.
+    assert_eq!(member.view.learn([(1, 10)]), 0);
+    member.view.lift_bans(cfg.dropped_rounds);
+    assert_eq!(member.view.learn([(1, 10)]), 1);
     member.joined = Some(1);
     // Round 1: accepted, but the merge is lost: the member asks for it at 800 permille.
     assert_eq!(pushed(&start(&mut member, 1, "b")), Some(1));
@@ -1104,6 +1130,47 @@ fn a_search_probes_while_the_view_is_small_after_the_first_search() {
 }
 
 #[test]
+fn a_trees_root_searches_every_tree_search_every_rounds() {
+    // It never pushes to its next rank when idle (the peer it knows would not answer, and a
+    // node that lost every peer searches in the next round).
+    let cfg = ExchangeConfig {
+        idle_rounds: u32::MAX,
+        ..tree(64)
+    };
+    let every = cfg.tree_search_every;
+    assert_eq!((cfg.warmup_searches, every, cfg.search_every), (3, 2, 10));
+    let mut node = Node::new(1, 10, cfg);
+    let searched = |node: &mut Node, round: u64| {
+        let t = Millis(round * 1_000);
+        let asked = probes_asked(&start(node, round, "p"));
+        // Its first search finds a peer it outranks (a node that knows nobody searches at
+        // window ends too).
+        let headers = if round == 0 {
+            vec![SeenHeader {
+                peer: 100,
+                rank: 1_000,
+                cosine: 0.9,
+                hub: 100,
+                hub_rank: 1_000,
+            }]
+        } else {
+            Vec::new()
+        };
+        node.handle(t.saturating_add(1), Input::SearchDone { round, headers });
+        node.handle_timeout(t.saturating_add(1_000));
+        assert!(finished(&drain(node)).is_some());
+        asked.is_some()
+    };
+    // Alone, it is its own hub (a root): the warm-up's searches, then one every 2 rounds,
+    // where one hub per cohort waits `search_every`.
+    let rounds: Vec<bool> = (0..12).map(|r| searched(&mut node, r)).collect();
+    let expected: Vec<bool> = (0..12u64)
+        .map(|x| x < 3 || x.is_multiple_of(every))
+        .collect();
+    assert_eq!(rounds, expected);
+}
+
+#[test]
 fn a_node_that_found_nobody_announces_before_it_probes() {
     // Not a hub candidate: while cohorts form it would only look up.
     let rank = u64::MAX - 5;
@@ -1235,7 +1302,13 @@ fn pass_checks(node: &mut Node, now: u64, out: &[Output<u32, &'static str>]) {
 
 #[test]
 fn a_full_hub_names_a_member_that_merges_its_child_and_passes_the_hubs_merge_down() {
-    let mut hub = Node::new(1, 10, tree(1)).with_first_round(0);
+    // A root searches every other round; this one is past its searches by round 5 (the test
+    // is about its answers, not its schedule).
+    let quiet = ExchangeConfig {
+        tree_search_every: 10,
+        ..tree(1)
+    };
+    let mut hub = Node::new(1, 10, quiet).with_first_round(0);
     hub.view.learn([(2, 20), (3, 30)]);
     let mut sub = member_of_1(2, 20, 1);
     let mut leaf = member_of_1(3, 30, 1);

@@ -14,7 +14,7 @@ pub(super) struct View<P> {
     cohort: Cohort<P>,
     own: P,
     own_rank: u64,
-    /// Banned peers, each with the round its ban ends.
+    /// Banned (or set aside) peers, each with the round that ends it.
     banned: Vec<(P, u64)>,
     /// Hubs whose model the node's data refused once (at most `max_members`, oldest dropped).
     model_refused: Vec<P>,
@@ -146,6 +146,12 @@ impl<P: Clone + Ord> View<P> {
             Some((_, end)) => *end = (*end).max(until),
             None => self.banned.push((p.clone(), until)),
         }
+    }
+
+    /// Keep `p` out of the view until round `until`, as a ban does (it stopped serving the
+    /// node: [`super::ExchangeConfig::dropped_rounds`]).
+    pub(super) fn set_aside(&mut self, p: &P, until: u64) {
+        self.ban(p, until);
     }
 
     /// The node's data refused `p`'s model: returns whether it had refused it before (the

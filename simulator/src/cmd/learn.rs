@@ -81,7 +81,8 @@ pub(crate) struct LearnArgs {
     #[arg(long)]
     pub(crate) hub_local_rounds: Option<u64>,
     /// After its first 3 exchange rounds, a Kindred node that is its own hub searches every this
-    /// many rounds (default 10).
+    /// many rounds (default 10; with `--fanout`, a tree's roots search every 2 rounds:
+    /// `ExchangeConfig::tree_search_every`).
     #[arg(long)]
     pub(crate) hub_search_every: Option<u64>,
     /// Share of its own gain on its shard that a Kindred node's data must see a hub's model keep

@@ -463,7 +463,9 @@ pub struct HubConfig {
     /// After its first 3 exchange rounds, a node that is its own hub searches every this many
     /// rounds, to meet cohorts of its task it has not met. Default 10: a search costs its hub
     /// about 165 KB of Kademlia traffic at 64 nodes, and against 5 it saves 0.47 KB per node per
-    /// round on iid (seeds 1-3) for 0.02 point of accuracy.
+    /// round on iid (seeds 1-3) for 0.02 point of accuracy. With bounded hubs
+    /// ([`HubConfig::fanout`]) roots search every
+    /// `kindred_routing::exchange::ExchangeConfig::tree_search_every` rounds instead.
     pub search_every: u64,
     /// One node in this many, the lowest ranks, is a hub candidate
     /// ([`kindred_routing::is_hub_candidate`]): in the first [`HubConfig::candidate_rounds`]
