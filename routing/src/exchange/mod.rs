@@ -671,9 +671,8 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
         };
         if count >= self.config.max_misses.max(1) {
             // Alive (it answers, late or busy): forgotten only, and learned again from the
-            // next listing. Set aside like a gone hub, members of a cohort hit by lost
-            // messages left it for the next rank and split it (`kindred-sim learn --nodes 64
-            // --setting label --msg-loss 0.05`, seeds 1-3: 0.22 point lost against 0.07).
+            // next listing, so its members come back to it. (Set aside like a gone hub, the
+            // 64-node fault runs measured the same figures: BENCHMARKS.md, ideas.)
             tracing::debug!(?hub, count, "exchange: hub forgotten after misses");
             self.view.forget(hub);
             self.misses = None;
