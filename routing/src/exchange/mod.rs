@@ -689,7 +689,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
     pub(super) fn drop_hub(&mut self, hub: &P) {
         let round = self.round.as_ref().map_or(0, |r| r.number);
         self.view
-            .set_aside(hub, round.saturating_add(self.config.dropped_rounds.max(1)));
+            .ban(hub, round.saturating_add(self.config.dropped_rounds.max(1)));
         self.misses = None;
         if self.joined.as_ref() == Some(hub) {
             self.joined = None;

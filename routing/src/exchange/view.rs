@@ -14,7 +14,7 @@ pub(super) struct View<P> {
     cohort: Cohort<P>,
     own: P,
     own_rank: u64,
-    /// Banned (or set aside) peers, each with the round that ends it.
+    /// Banned peers (and dropped hubs), each with the round that ends it.
     banned: Vec<(P, u64)>,
     /// Hubs whose model the node's data refused once (at most `max_members`, oldest dropped).
     model_refused: Vec<P>,
@@ -135,7 +135,8 @@ impl<P: Clone + Ord> View<P> {
     }
 
     /// Ban `p` until round `until` (a later end than one it holds wins): its merge or model
-    /// failed the node's check, or its data refused the node's.
+    /// failed the node's check, or its data refused the node's; or, as a hub, it answered
+    /// nothing ([`super::ExchangeConfig::dropped_rounds`]: kept out, not reported as a ban).
     pub(super) fn ban(&mut self, p: &P, until: u64) {
         if self.is_own(p) {
             return;
@@ -146,12 +147,6 @@ impl<P: Clone + Ord> View<P> {
             Some((_, end)) => *end = (*end).max(until),
             None => self.banned.push((p.clone(), until)),
         }
-    }
-
-    /// Keep `p` out of the view until round `until`, as a ban does (it stopped serving the
-    /// node: [`super::ExchangeConfig::dropped_rounds`]).
-    pub(super) fn set_aside(&mut self, p: &P, until: u64) {
-        self.ban(p, until);
     }
 
     /// The node's data refused `p`'s model: returns whether it had refused it before (the
