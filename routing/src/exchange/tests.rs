@@ -1130,47 +1130,6 @@ fn a_search_probes_while_the_view_is_small_after_the_first_search() {
 }
 
 #[test]
-fn a_trees_root_searches_every_tree_search_every_rounds() {
-    // It never pushes to its next rank when idle (the peer it knows would not answer, and a
-    // node that lost every peer searches in the next round).
-    let cfg = ExchangeConfig {
-        idle_rounds: u32::MAX,
-        ..tree(64)
-    };
-    let every = cfg.tree_search_every;
-    assert_eq!((cfg.warmup_searches, every, cfg.search_every), (3, 2, 10));
-    let mut node = Node::new(1, 10, cfg);
-    let searched = |node: &mut Node, round: u64| {
-        let t = Millis(round * 1_000);
-        let asked = probes_asked(&start(node, round, "p"));
-        // Its first search finds a peer it outranks (a node that knows nobody searches at
-        // window ends too).
-        let headers = if round == 0 {
-            vec![SeenHeader {
-                peer: 100,
-                rank: 1_000,
-                cosine: 0.9,
-                hub: 100,
-                hub_rank: 1_000,
-            }]
-        } else {
-            Vec::new()
-        };
-        node.handle(t.saturating_add(1), Input::SearchDone { round, headers });
-        node.handle_timeout(t.saturating_add(1_000));
-        assert!(finished(&drain(node)).is_some());
-        asked.is_some()
-    };
-    // Alone, it is its own hub (a root): the warm-up's searches, then one every 2 rounds,
-    // where one hub per cohort waits `search_every`.
-    let rounds: Vec<bool> = (0..12).map(|r| searched(&mut node, r)).collect();
-    let expected: Vec<bool> = (0..12u64)
-        .map(|x| x < 3 || x.is_multiple_of(every))
-        .collect();
-    assert_eq!(rounds, expected);
-}
-
-#[test]
 fn a_node_that_found_nobody_announces_before_it_probes() {
     // Not a hub candidate: while cohorts form it would only look up.
     let rank = u64::MAX - 5;
@@ -1500,8 +1459,31 @@ fn root_round(node: &mut Node, round: u64, found: &[(u32, u64)]) -> bool {
     }
     drain(node);
     node.handle_timeout(t.saturating_add(1_000));
-    drain(node);
+    assert!(finished(&drain(node)).is_some(), "round {round} ends");
     searches(&asked)
+}
+
+#[test]
+fn a_trees_root_searches_every_tree_search_every_rounds() {
+    // It never pushes to its next rank when idle (the peer it knows would not answer, and a
+    // node that lost every peer searches in the next round).
+    let cfg = ExchangeConfig {
+        idle_rounds: u32::MAX,
+        ..tree(64)
+    };
+    let every = cfg.tree_search_every;
+    assert_eq!((cfg.warmup_searches, every, cfg.search_every), (3, 2, 10));
+    let mut node = Node::new(1, 10, cfg);
+    // Alone, it is its own hub (a root); its first search finds a peer it outranks (a node
+    // that knows nobody searches at window ends too). The warm-up's searches, then one every
+    // 2 rounds, where one hub per cohort waits `search_every`.
+    let rounds: Vec<bool> = (0..12)
+        .map(|r| root_round(&mut node, r, if r == 0 { &[(100, 1_000)] } else { &[] }))
+        .collect();
+    let expected: Vec<bool> = (0..12u64)
+        .map(|x| x < 3 || x.is_multiple_of(every))
+        .collect();
+    assert_eq!(rounds, expected);
 }
 
 #[test]
