@@ -143,6 +143,8 @@ enum Event {
     Search {
         round: u64,
         found: Vec<(PeerId, f32)>,
+        /// Providers were found but none of their headers read.
+        unreached: bool,
         seconds: f64,
     },
     Model {
@@ -250,6 +252,11 @@ pub struct HubDriver {
     /// Peers that others cannot dial (this node too, when it is one), as the routing task
     /// last said: ranked after every dialable peer ([`relay_only_rank`]).
     relay_only: HashSet<PeerId>,
+    /// Peers that pushed to this node although they outrank it, in this rank window: they
+    /// decline to head a cohort with it (they know they cannot be dialed, before this node
+    /// learns it from their addresses; or they are catching up). Ranked as `relay_only`, so
+    /// that this node does not name them the hub meanwhile. At most [`MAX_DECLINED`].
+    declined: HashSet<PeerId>,
     /// The node and every peer of its cohort are behind NAT: its hub is one of them, reached
     /// only where a hole was punched (said once in the log when it starts and ends).
     no_dialable_peer: bool,
@@ -311,6 +318,7 @@ impl HubDriver {
             finished: None,
             stats: HubRoundStats::default(),
             relay_only: HashSet::new(),
+            declined: HashSet::new(),
             no_dialable_peer: false,
         })
     }
@@ -335,6 +343,9 @@ impl HubDriver {
         self.search_after = start_ms + (round_ms as f64 * SEARCH_AFTER) as u64;
         self.search_margin = (round_ms as f64 * SEARCH_MARGIN) as u64;
         let window = self.core.window_of(round);
+        if window != self.core.rank_window() {
+            self.declined.clear();
+        }
         let reach_changed = self.refresh_reachability().await;
         if window != self.core.rank_window() || reach_changed {
             let relay_only = &self.relay_only;
@@ -486,6 +497,28 @@ impl HubDriver {
         reachable_rank(peer, self.core.rank_window(), &self.relay_only)
     }
 
+    /// `peer` pushed to this node: if it outranks the node, it declines to head a cohort with
+    /// it ([`HubDriver::declined`]), and is ranked after every dialable peer from now on in
+    /// this rank window. Found in `nat_swarm`: a public hub named the node behind NAT that
+    /// pushed to it the hub (AutoNAT takes 15 s to tell that node it is private, and the hub
+    /// learns it from its relayed address only after that), and the node missed merges.
+    fn note_declined(&mut self, peer: PeerId) {
+        let window = self.core.rank_window();
+        if self.relay_only.contains(&peer)
+            || self.relay_only.contains(&self.own)
+            || rank(&peer, window) >= rank(&self.own, window)
+            || self.declined.len() >= MAX_DECLINED
+        {
+            return;
+        }
+        tracing::debug!(%peer, "exchange: a pusher that outranks this node is ranked after it");
+        self.declined.insert(peer);
+        self.relay_only.insert(peer);
+        let relay_only = &self.relay_only;
+        self.core
+            .rerank(window, |p| reachable_rank(p, window, relay_only));
+    }
+
     /// Whether this node and every peer of its cohort are behind NAT (as of its last round).
     pub fn no_dialable_peer(&self) -> bool {
         self.no_dialable_peer
@@ -500,6 +533,7 @@ impl HubDriver {
             return false;
         };
         let mut relay_only: HashSet<PeerId> = info.relay_only.into_iter().collect();
+        relay_only.extend(self.declined.iter().copied());
         let dialable_addr = info
             .external_addrs
             .iter()
@@ -590,9 +624,13 @@ impl HubDriver {
                         .saturating_sub(now_ms());
                     tokio::time::sleep(Duration::from_millis(wait)).await;
                     let started = std::time::Instant::now();
+                    let mut unreached = false;
                     let found: Vec<(PeerId, f32)> = match routing.find_partners(query).await {
                         Ok(p) => {
                             let s = &p.stats;
+                            // Providers whose headers could not be read: behind NAT, their
+                            // hole punch still under way (the core searches again next round).
+                            unreached = s.providers > 0 && s.headers_accepted == 0;
                             tracing::debug!(
                                 round,
                                 announce,
@@ -619,6 +657,7 @@ impl HubDriver {
                     Event::Search {
                         round,
                         found,
+                        unreached,
                         seconds,
                     }
                 }));
@@ -690,6 +729,7 @@ impl HubDriver {
                     Answer::Late => HubAnswer::Late,
                     Answer::Refused { foreign } => HubAnswer::Refused { foreign },
                 };
+                tracing::debug!(%to, round, ?answer, "push answered");
                 if let Some(reply) = self.pushes.remove(&(to, round)) {
                     reply.answer(&answer);
                 } else if let Some((reply, _)) = self.parked.remove(&(to, round)) {
@@ -824,6 +864,7 @@ impl HubDriver {
                     return self.invalid(peer, "undecodable_update");
                 };
                 self.stats.pushes_received += 1;
+                self.note_declined(peer);
                 let cosine = self
                     .own_header
                     .as_ref()
@@ -919,6 +960,7 @@ impl HubDriver {
             Event::Search {
                 round,
                 found,
+                unreached,
                 seconds,
             } => {
                 self.stats.search_seconds.push(seconds);
@@ -937,6 +979,9 @@ impl HubDriver {
                     })
                     .collect();
                 self.core.handle(now, Input::SearchDone { round, headers });
+                if unreached {
+                    self.core.search_unreached(round);
+                }
             }
             Event::Model { ticket, model } => {
                 let model = model.map(|m| self.put(Blob::Model(m)));
@@ -958,6 +1003,7 @@ impl HubDriver {
                     }
                 };
                 self.stats.push_bytes += bytes as u64;
+                tracing::debug!(%from, round, ?answer, "push's answer");
                 let answer = self.core_answer(answer);
                 let accepted = matches!(answer, Answer::Accepted { .. });
                 self.core.handle(
@@ -1385,6 +1431,9 @@ pub fn exchange_config(round_ms: u64, key_window: u64) -> ExchangeConfig {
     config.timing.search_permille = SEARCH_PERMILLE;
     config
 }
+
+/// The most peers [`HubDriver::note_declined`] ranks after the others in one rank window.
+const MAX_DECLINED: usize = 1024;
 
 /// A search's lookup starts no earlier than this share of the round: every node announces
 /// right after its training, at about the same time, and a lookup made before the others'

@@ -295,6 +295,9 @@ pub struct RoutingCore {
     pub(crate) latest_own: Option<PacketId>,
     /// Packets announced since the node started (its warm-up is the first few).
     pub(crate) announcements: u64,
+    /// The node's addresses changed since its last announcement
+    /// ([`RoutingCore::addresses_changed`]): the next one publishes every key again.
+    pub(crate) republish: bool,
     pub(crate) announces: HashMap<AnnounceId, AnnounceState>,
     pub(crate) lookups: HashMap<LookupId, Lookup>,
     pub(crate) pending: HashMap<RequestId, Pending>,
@@ -320,6 +323,7 @@ impl RoutingCore {
             by_key: HashMap::new(),
             latest_own: None,
             announcements: 0,
+            republish: false,
             announces: HashMap::new(),
             lookups: HashMap::new(),
             pending: HashMap::new(),
@@ -463,12 +467,18 @@ impl RoutingCore {
         // The first packet of a window publishes all its keys. A later one publishes none,
         // except in the node's warm-up, when it searches every round and its peers must find
         // its current keys: then the keys not yet provided in this window are published too.
+        // After the node's addresses changed, all its keys are published again: a provider
+        // record carries the addresses it was published with, and a record without a dialable
+        // one is not even handed out (a node behind NAT announces before its relay
+        // reservation gives it an address).
         let provided = self.announced.get(&window);
         let publish: Vec<SemanticKey> = match provided {
             None => keys.clone(),
+            Some(_) if self.republish => keys.clone(),
             Some(p) if warming_up => keys.iter().filter(|k| !p.contains(k)).copied().collect(),
             Some(_) => Vec::new(),
         };
+        self.republish = false;
         // The keys this packet carries that are (or are being) provided now serve it; the
         // window's other keys keep serving the older packet whose band values they stand for.
         for key in &keys {
@@ -483,7 +493,11 @@ impl RoutingCore {
             });
         }
         let in_window = self.announced.entry(window).or_default();
-        in_window.extend(publish.iter().copied());
+        for key in &publish {
+            if !in_window.contains(key) {
+                in_window.push(*key);
+            }
+        }
         let report = AnnounceReport {
             packet: header.id(),
             window,
@@ -511,6 +525,14 @@ impl RoutingCore {
         self.expire_windows(now);
         tracing::debug!(packet = %header.id(), ?window, keys = publish.len(), "announcing");
         Ok(id)
+    }
+
+    /// The node's own addresses changed (a relay reservation, a confirmed or expired external
+    /// address): the next [`RoutingCore::announce`] publishes all of its packet's keys again,
+    /// even those already provided in the window, so that the records carry the new
+    /// addresses.
+    pub fn addresses_changed(&mut self) {
+        self.republish = true;
     }
 
     /// Drop announcements and index windows older than the retention horizon.

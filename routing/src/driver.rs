@@ -120,6 +120,9 @@ struct NatTraversal {
     reservations_accepted: u64,
     hole_punches: u64,
     hole_punch_failures: u64,
+    /// A digest of the swarm's external addresses when last looked at: a change means the
+    /// node's provider records carry stale addresses ([`RoutingCore::addresses_changed`]).
+    external: u64,
 }
 
 impl Driver {
@@ -531,6 +534,29 @@ impl Driver {
         self.on_swarm_event_inner(event);
         self.govern_bootstraps();
         self.reserve_relays();
+        self.watch_external_addresses();
+    }
+
+    /// When the node's external addresses change, its next announcement publishes every key
+    /// again: its records so far name the old addresses (or none, before a relay reservation).
+    fn watch_external_addresses(&mut self) {
+        let digest = self
+            .swarm
+            .external_addresses()
+            .map(|a| {
+                let mut h = std::hash::DefaultHasher::new();
+                std::hash::Hash::hash(a, &mut h);
+                std::hash::Hasher::finish(&h)
+            })
+            .fold(0u64, u64::wrapping_add);
+        if digest != self.nat.external {
+            self.nat.external = digest;
+            tracing::debug!(
+                addresses = self.swarm.external_addresses().count(),
+                "external addresses changed: the next announcement publishes every key again"
+            );
+            self.core.addresses_changed();
+        }
     }
 
     fn on_swarm_event_inner(&mut self, event: SwarmEvent<BehaviourEvent>) {
@@ -788,7 +814,15 @@ impl Driver {
                 self.nat.hole_punch_failures += 1;
                 tracing::info!(peer = %e.remote_peer_id, %error,
                     "hole punch failed: no direct connection (exchange RPCs to it fail)");
-                self.swarm.behaviour_mut().rpc.give_up(&e.remote_peer_id);
+                let peer = e.remote_peer_id;
+                self.swarm.behaviour_mut().rpc.give_up(&peer);
+                // DCUtR does not try a relayed connection again, and a circuit lasts minutes:
+                // closed, the next request to the peer opens a fresh one and punches anew
+                // (two peers that dialed each other through the relay at once, each punching
+                // over its own circuit, can fail every attempt).
+                if !self.swarm.behaviour().rpc.is_direct(&peer) {
+                    let _ = self.swarm.disconnect_peer_id(peer);
+                }
             }
         }
     }

@@ -1037,6 +1037,29 @@ fn a_later_packet_of_a_window_publishes_new_keys_only_during_warm_up() {
 }
 
 #[test]
+fn a_node_whose_addresses_changed_publishes_its_keys_again_in_the_window() {
+    let now = Instant::now();
+    let cfg = config();
+    let mut nodes = cluster(1, 1_000_001, &cfg, 13);
+    let node = &mut nodes[0];
+    let embedding = node.packet.header.header().embedding.clone();
+    let next = |node: &mut Node, round: u64| {
+        node.packet = packet(&node.key, round, embedding.clone(), 0.5);
+        node.store.insert(&node.packet);
+        announce(node, now)
+    };
+    let first = announce(node, now);
+    assert_eq!(first.len(), 16);
+    // The same keys again, in the warm-up: nothing new to publish.
+    assert!(next(node, 1_000_002).is_empty());
+    // A relay reservation gave the node an address its records lack: every key again, once.
+    node.core.addresses_changed();
+    let again = next(node, 1_000_003);
+    assert_eq!(again, first);
+    assert!(next(node, 1_000_004).is_empty());
+}
+
+#[test]
 fn a_search_that_only_meets_peers_ranks_their_earlier_headers_of_the_window() {
     let now = Instant::now();
     let cfg = config();

@@ -115,7 +115,7 @@ fn nodes_behind_nat_punch_holes_and_only_dialable_nodes_head_cohorts() {
     relay_config.rounds = None;
     let mut relay =
         NodeProc::init_in_netns(dir.path().join("pub"), relay_config, &public, PUBLIC_IP);
-    relay.start();
+    relay.start_with_env(&[("RUST_LOG", &log_filter())]);
     assert!(
         wait_for(Duration::from_secs(30), || relay.status()).is_some(),
         "relay API never came up:\n{}",

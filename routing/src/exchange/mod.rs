@@ -22,7 +22,8 @@
 //!    `0..warmup_searches` and then every [`ExchangeConfig::search_every`] (a tree's roots
 //!    every [`ExchangeConfig::tree_search_every`]), and in the round
 //!    after a search that taught it new peers (`kindred-sim cohorts --nodes 1000000`, seed 1:
-//!    every task 99% in one tree by round 9 with, round 16 without) (and, while it
+//!    every task 99% in one tree by round 9 with, round 16 without) or found peers it could
+//!    not reach yet ([`Exchange::search_unreached`]) (and, while it
 //!    knows nobody, in exchange round 4 and the last round of every key window
 //!    ([`ExchangeConfig::key_window`]), and in the round after it lost every peer it knew);
 //!    while cohorts form ([`ExchangeConfig::candidate_rounds`]) only hub candidates ([`crate::is_hub_candidate`])
@@ -372,6 +373,36 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             round: None,
             out: VecDeque::new(),
         })
+    }
+
+    /// The driver's search of `round` found providers but read none of their headers: peers
+    /// it could not reach yet (behind NAT, their hole punch under way). A node that is its own
+    /// hub then searches again the next round, as after a search that taught it new peers,
+    /// rather than at its next scheduled search, up to a key window later.
+    ///
+    /// ```
+    /// use kindred_routing::exchange::{Exchange, ExchangeConfig, Input, Millis, Output};
+    ///
+    /// let config = ExchangeConfig { local_rounds: 0, warmup_searches: 1, ..ExchangeConfig::default() };
+    /// let mut node: Exchange<&str, u32> = Exchange::new("me", 42, config);
+    /// node.handle(Millis(0), Input::RoundStart { round: 1, deadline: Millis(1_000) });
+    /// node.handle(Millis(10), Input::PacketReady { round: 1, packet: 7 });
+    /// assert!(matches!(node.poll_output(), Some(Output::Search { round: 1, .. })));
+    /// node.handle(Millis(50), Input::SearchDone { round: 1, headers: Vec::new() });
+    /// node.search_unreached(1);
+    /// node.handle_timeout(node.poll_timeout().unwrap());
+    /// assert!(matches!(node.poll_output(), Some(Output::Finished(_))));
+    /// // Round 2 is no scheduled search, but the last one reached nobody it found.
+    /// node.handle(Millis(1_000), Input::RoundStart { round: 2, deadline: Millis(2_000) });
+    /// node.handle(Millis(1_010), Input::PacketReady { round: 2, packet: 8 });
+    /// assert!(matches!(node.poll_output(), Some(Output::Search { round: 2, .. })));
+    /// ```
+    pub fn search_unreached(&mut self, round: u64) {
+        if self.round.as_ref().is_some_and(|r| r.number == round)
+            && self.view.hub() == *self.view.own()
+        {
+            self.search_learned = true;
+        }
     }
 
     /// Whether peers can dial this node (the driver's reachability: AutoNAT, relay
