@@ -628,9 +628,12 @@ impl HubDriver {
                     let found: Vec<(PeerId, f32)> = match routing.find_partners(query).await {
                         Ok(p) => {
                             let s = &p.stats;
-                            // Providers whose headers could not be read: behind NAT, their
-                            // hole punch still under way (the core searches again next round).
-                            unreached = s.providers > 0 && s.headers_accepted == 0;
+                            // Providers found, none met: their headers could not be read
+                            // (behind NAT, the hole punch still under way). The core searches
+                            // again next round.
+                            unreached = s.providers > 0
+                                && s.headers_accepted == 0
+                                && p.candidates.is_empty();
                             tracing::debug!(
                                 round,
                                 announce,
