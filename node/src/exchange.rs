@@ -247,16 +247,13 @@ pub struct HubDriver {
     /// How long after its own announcement a search waits before it looks up
     /// ([`SEARCH_MARGIN`] of the round).
     search_margin: u64,
+    /// The most a search's lookup is put off at random ([`SEARCH_JITTER`] of the round).
+    search_jitter: u64,
     finished: Option<RoundReport<PeerId, Handle>>,
     stats: HubRoundStats,
     /// Peers that others cannot dial (this node too, when it is one), as the routing task
     /// last said: ranked after every dialable peer ([`relay_only_rank`]).
     relay_only: HashSet<PeerId>,
-    /// Peers that pushed to this node although they outrank it, in this rank window: they
-    /// decline to head a cohort with it (they know they cannot be dialed, before this node
-    /// learns it from their addresses; or they are catching up). Ranked as `relay_only`, so
-    /// that this node does not name them the hub meanwhile. At most [`MAX_DECLINED`].
-    declined: HashSet<PeerId>,
     /// The node and every peer of its cohort are behind NAT: its hub is one of them, reached
     /// only where a hole was punched (said once in the log when it starts and ends).
     no_dialable_peer: bool,
@@ -315,10 +312,10 @@ impl HubDriver {
             own_header: None,
             search_after: 0,
             search_margin: 0,
+            search_jitter: 0,
             finished: None,
             stats: HubRoundStats::default(),
             relay_only: HashSet::new(),
-            declined: HashSet::new(),
             no_dialable_peer: false,
         })
     }
@@ -342,10 +339,8 @@ impl HubDriver {
         let deadline_ms = start_ms + (round_ms as f64 * DEADLINE_SHARE) as u64;
         self.search_after = start_ms + (round_ms as f64 * SEARCH_AFTER) as u64;
         self.search_margin = (round_ms as f64 * SEARCH_MARGIN) as u64;
+        self.search_jitter = (round_ms as f64 * SEARCH_JITTER) as u64;
         let window = self.core.window_of(round);
-        if window != self.core.rank_window() {
-            self.declined.clear();
-        }
         let reach_changed = self.refresh_reachability().await;
         if window != self.core.rank_window() || reach_changed {
             let relay_only = &self.relay_only;
@@ -497,28 +492,6 @@ impl HubDriver {
         reachable_rank(peer, self.core.rank_window(), &self.relay_only)
     }
 
-    /// `peer` pushed to this node: if it outranks the node, it declines to head a cohort with
-    /// it ([`HubDriver::declined`]), and is ranked after every dialable peer from now on in
-    /// this rank window. Found in `nat_swarm`: a public hub named the node behind NAT that
-    /// pushed to it the hub (AutoNAT takes 15 s to tell that node it is private, and the hub
-    /// learns it from its relayed address only after that), and the node missed merges.
-    fn note_declined(&mut self, peer: PeerId) {
-        let window = self.core.rank_window();
-        if self.relay_only.contains(&peer)
-            || self.relay_only.contains(&self.own)
-            || rank(&peer, window) >= rank(&self.own, window)
-            || self.declined.len() >= MAX_DECLINED
-        {
-            return;
-        }
-        tracing::debug!(%peer, "exchange: a pusher that outranks this node is ranked after it");
-        self.declined.insert(peer);
-        self.relay_only.insert(peer);
-        let relay_only = &self.relay_only;
-        self.core
-            .rerank(window, |p| reachable_rank(p, window, relay_only));
-    }
-
     /// Whether this node and every peer of its cohort are behind NAT (as of its last round).
     pub fn no_dialable_peer(&self) -> bool {
         self.no_dialable_peer
@@ -533,7 +506,6 @@ impl HubDriver {
             return false;
         };
         let mut relay_only: HashSet<PeerId> = info.relay_only.into_iter().collect();
-        relay_only.extend(self.declined.iter().copied());
         let dialable_addr = info
             .external_addrs
             .iter()
@@ -609,6 +581,11 @@ impl HubDriver {
                 let mut query = PartnerQuery::new(header.clone(), margins, self.spec.clone());
                 query.top_m = Some(0);
                 query.probes = Some(probes);
+                // A random share of the round on top: two nodes behind NAT that find each
+                // other in the same search would each dial the other through the relay at
+                // once, and the two hole punches (one per circuit, on one 4-tuple) fail;
+                // apart, the first one's circuit is there when the second looks.
+                let jitter = rand::random_range(0..=self.search_jitter);
                 let (not_before, margin) = (self.search_after, self.search_margin);
                 self.ops.push(Box::pin(async move {
                     if announce {
@@ -621,7 +598,8 @@ impl HubDriver {
                     // made the moment this node's own packet is out misses them.
                     let wait = not_before
                         .max(now_ms().saturating_add(margin))
-                        .saturating_sub(now_ms());
+                        .saturating_sub(now_ms())
+                        .saturating_add(jitter);
                     tokio::time::sleep(Duration::from_millis(wait)).await;
                     let started = std::time::Instant::now();
                     let mut unreached = false;
@@ -867,7 +845,6 @@ impl HubDriver {
                     return self.invalid(peer, "undecodable_update");
                 };
                 self.stats.pushes_received += 1;
-                self.note_declined(peer);
                 let cosine = self
                     .own_header
                     .as_ref()
@@ -1435,9 +1412,6 @@ pub fn exchange_config(round_ms: u64, key_window: u64) -> ExchangeConfig {
     config
 }
 
-/// The most peers [`HubDriver::note_declined`] ranks after the others in one rank window.
-const MAX_DECLINED: usize = 1024;
-
 /// A search's lookup starts no earlier than this share of the round: every node announces
 /// right after its training, at about the same time, and a lookup made before the others'
 /// announcements have landed finds nobody (the simulator's routing model takes a round's
@@ -1450,6 +1424,11 @@ pub const SEARCH_AFTER: f64 = 0.15;
 /// round after round (in 8 real nodes on 2 cores, training took 80-90% of a 3-s round, and
 /// its task's hub announced 0.1 s after a lone node's lookups in two rounds in a row).
 pub const SEARCH_MARGIN: f64 = 0.1;
+/// A search's lookup is put off by up to this share of the round, at random (see
+/// [`SEARCH_AFTER`]): nodes behind NAT that find each other in one search then dial each other
+/// one after the other, not at once (`nat_swarm`: two simultaneous dials through the relay made
+/// two hole punches on one 4-tuple, and both failed, round after round).
+pub const SEARCH_JITTER: f64 = 0.05;
 /// When the core stops waiting for a search, in thousandths of the round (the core's default
 /// is 250): the lookup starts at [`SEARCH_AFTER`].
 const SEARCH_PERMILLE: u16 = 400;

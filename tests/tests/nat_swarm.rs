@@ -197,12 +197,17 @@ fn nodes_behind_nat_punch_holes_and_only_dialable_nodes_head_cohorts() {
     }
 
     // The symmetric-NAT node: a member of the public node's cohort, merging every round
-    // once it joined.
+    // once it joined and its reachability is known. Before AutoNAT's verdict (15 s: the first
+    // probe at 5 s, its dial-back given up after 10 s) and the reservation that shows the hub
+    // its relayed address, the hub may rank it as dialable and name it the hub: it then keeps
+    // its hub and misses that round (`Exchange::set_dialable`).
+    let settled = (20.0 / ROUND_SECS).ceil() as usize;
     let joined = s_st
         .history
         .iter()
         .position(merged)
-        .unwrap_or_else(|| panic!("s never merged:\n{}", s.log()));
+        .unwrap_or_else(|| panic!("s never merged:\n{}", s.log()))
+        .max(settled);
     for r in &s_st.history {
         let e = r.exchange.as_ref().unwrap();
         assert!(
@@ -215,7 +220,7 @@ fn nodes_behind_nat_punch_holes_and_only_dialable_nodes_head_cohorts() {
     let missed = after.iter().filter(|r| !merged(r)).count();
     assert!(
         missed <= 1,
-        "s missed {missed} merges of {} rounds after joining",
+        "s missed {missed} merges of {} rounds after joining (and settling)",
         after.len()
     );
     assert!(
