@@ -143,7 +143,7 @@ enum Event {
     Search {
         round: u64,
         found: Vec<(PeerId, f32)>,
-        /// Providers were found but none of their headers read.
+        /// Providers were found but none met: their headers could not be read.
         unreached: bool,
         seconds: f64,
     },
@@ -581,10 +581,7 @@ impl HubDriver {
                 let mut query = PartnerQuery::new(header.clone(), margins, self.spec.clone());
                 query.top_m = Some(0);
                 query.probes = Some(probes);
-                // A random share of the round on top: two nodes behind NAT that find each
-                // other in the same search would each dial the other through the relay at
-                // once, and the two hole punches (one per circuit, on one 4-tuple) fail;
-                // apart, the first one's circuit is there when the second looks.
+                // Put off at random, so that nodes behind NAT do not dial each other at once.
                 let jitter = rand::random_range(0..=self.search_jitter);
                 let (not_before, margin) = (self.search_after, self.search_margin);
                 self.ops.push(Box::pin(async move {
