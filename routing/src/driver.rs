@@ -120,7 +120,7 @@ struct NatTraversal {
     reservations_accepted: u64,
     hole_punches: u64,
     hole_punch_failures: u64,
-    /// A digest of the swarm's external addresses when last looked at: a change means the
+    /// A digest of the swarm's external addresses when last changed: a change means the
     /// node's provider records carry stale addresses ([`RoutingCore::addresses_changed`]).
     external: u64,
 }
@@ -534,12 +534,14 @@ impl Driver {
         self.on_swarm_event_inner(event);
         self.govern_bootstraps();
         self.reserve_relays();
-        self.watch_external_addresses();
     }
 
-    /// When the node's external addresses change, its next announcement publishes every key
-    /// again: its records so far name the old addresses (or none, before a relay reservation).
-    fn watch_external_addresses(&mut self) {
+    /// The swarm's external addresses may have changed (a behaviour confirmed or expired one,
+    /// or the driver added a listen address): if they did, the next announcement publishes
+    /// every key again, since the records so far name the old addresses (or none, before a
+    /// relay reservation). Compared by digest: a behaviour may confirm an address it
+    /// confirmed before.
+    fn external_addresses_touched(&mut self) {
         let digest = self
             .swarm
             .external_addresses()
@@ -702,6 +704,10 @@ impl Driver {
                     && crate::transport::looks_reachable(&address) =>
             {
                 self.swarm.add_external_address(address);
+                self.external_addresses_touched();
+            }
+            SwarmEvent::ExternalAddrConfirmed { .. } | SwarmEvent::ExternalAddrExpired { .. } => {
+                self.external_addresses_touched();
             }
             _ => {}
         }

@@ -40,10 +40,10 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
         .max(1);
         let window_ends = (round + 1).is_multiple_of(cfg.key_window.max(1));
         // Taken whatever else schedules a search: it speaks of the last search only.
-        let learned = std::mem::take(&mut self.search_learned);
+        let again = std::mem::take(&mut self.search_again);
         let scheduled = x < cfg.warmup_searches
             || x.is_multiple_of(every)
-            || learned
+            || again
             || (knows == 0 && (x == 4 || window_ends || r.lost_peers));
         if alone && scheduled {
             let scheduled_announce =
@@ -100,7 +100,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
                 .flat_map(|h| [(h.peer, h.rank), (h.hub, h.hub_rank)]),
         );
         tracing::debug!(round, learned, "exchange: search done");
-        self.search_learned = learned > 0 && self.view.hub() == *self.view.own();
+        self.search_again = learned > 0 && self.view.hub() == *self.view.own();
         if waiting {
             self.set_step(Step::Packet);
             self.choose(now);

@@ -244,10 +244,11 @@ pub struct Exchange<P, M> {
     /// and nobody pushed to it ([`ExchangeConfig::idle_rounds`]). Not persisted: a restart
     /// costs that many rounds.
     idle: u32,
-    /// Its last search, as its own hub, taught its view new peers: a root then searches again
-    /// the next round, so two trees of one task that missed each other meet within the key
-    /// window rather than at the next scheduled search. Not persisted.
-    search_learned: bool,
+    /// It searches again next round, as its own hub: its last search taught its view new
+    /// peers (two trees of one task that missed each other then meet within the key window
+    /// rather than at the next scheduled search), or found peers it could not reach yet
+    /// ([`Exchange::search_unreached`]). Not persisted.
+    search_again: bool,
     /// A node back after missing rounds ([`ExchangeConfig::catch_up_after`]) joins its next
     /// rank rather than head its cohort with a stale model, until it applies a merge there or
     /// until this round ([`CATCH_UP_ROUNDS`] after its return). Not persisted: a restart
@@ -292,7 +293,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             told: None,
             listed_to: BTreeMap::new(),
             idle: 0,
-            search_learned: false,
+            search_again: false,
             catch_up_until: None,
             mates: Vec::new(),
             served_last: Vec::new(),
@@ -360,7 +361,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             told: None,
             listed_to: BTreeMap::new(),
             idle: 0,
-            search_learned: false,
+            search_again: false,
             catch_up_until: None,
             mates: Vec::new(),
             served_last: Vec::new(),
@@ -401,7 +402,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
         if self.round.as_ref().is_some_and(|r| r.number == round)
             && self.view.hub() == *self.view.own()
         {
-            self.search_learned = true;
+            self.search_again = true;
         }
     }
 
