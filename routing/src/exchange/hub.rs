@@ -56,7 +56,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
                 (Step::Packet | Step::Search { .. } | Step::Collect { .. }, _) if own_hub => {
                     r.depth = 0;
                     let reserved = std::mem::take(&mut r.reserved);
-                    let answer = hold(r, push, max, fanout.map(|_| &reserved[..]), rank_in_view);
+                    let answer = hold(r, push, 0, max, fanout.map(|_| &reserved[..]), rank_in_view);
                     r.reserved = reserved;
                     answer
                 }
@@ -66,7 +66,8 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
                     let open = matches!(r.sub, Sub::Open) && !matches!(step, Step::Done);
                     if open && r.depth < max_depth && now < close {
                         let reserved = std::mem::take(&mut r.reserved);
-                        let answer = hold(r, push, max, Some(&reserved[..]), rank_in_view);
+                        let depth = r.depth;
+                        let answer = hold(r, push, depth, max, Some(&reserved[..]), rank_in_view);
                         r.reserved = reserved;
                         if !r.pushes.is_empty() {
                             r.sub_close = Some(close);
@@ -83,7 +84,11 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
                 (Step::Fetch { .. } | Step::CheckModel { .. }, Role::Member)
                     if !pushes_to_pusher =>
                 {
-                    hold(r, push, max, None, rank_in_view)
+                    // In a tree, a would-be hub that holds its fan-out names a held pusher to
+                    // the rest (`Answer::Full`), as a hub does: its whole cohort may push to it
+                    // at once, redirected by a member whose root left. Its depth is a hub's:
+                    // pushers it does not keep as a hub are sent to the hub it joins.
+                    hold(r, push, 0, max, fanout.map(|_| &[][..]), rank_in_view)
                 }
                 (Step::Merging { .. } | Step::CheckOwn { .. } | Step::Done, Role::Hub) => {
                     Answer::Late
@@ -455,7 +460,8 @@ type Listing<P> = (Vec<(P, bool)>, Vec<(P, u64)>);
 
 /// Hold `push` for the round's admission (a pusher's newer push replaces its older one), or,
 /// when `max` are held, name one of them to push to (in a tree, `Some` of the peers served
-/// last round: [`Answer::Full`]) or answer busy.
+/// last round: [`Answer::Full`]) or answer busy. A held pusher is told `depth`, the node's own
+/// in its tree.
 ///
 /// In a tree, the peers served last round keep their places until they push: one that pushes
 /// late (a member that gathers its children first) is not pushed down its own tree by those
@@ -463,12 +469,12 @@ type Listing<P> = (Vec<(P, bool)>, Vec<(P, u64)>);
 fn hold<P: PartialEq + Clone, M>(
     r: &mut super::round::Round<P, M>,
     push: PushIn<P, M>,
+    depth: u8,
     max: usize,
     tree: Option<&[P]>,
     rank: impl Fn(&P) -> u64,
 ) -> Answer<P> {
     r.heard = true;
-    let depth = if tree.is_some() { r.depth } else { 0 };
     if let Some(held) = r.pushes.iter_mut().find(|p| p.from == push.from) {
         *held = push;
         return Answer::Accepted { depth };

@@ -249,10 +249,27 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
     /// [`crate::exchange::ExchangeConfig::max_misses`] rounds (a hub alive but busy or late
     /// answers). At `kindred-sim learn --setting label --hub-crash 0.1 --down-rounds 3` (64
     /// nodes, seeds 1-3) this spares members a second lost round per crash.
-    pub(super) fn gone(&mut self) {
+    ///
+    /// In a tree the member then chooses again within the round's redirect budget (its next
+    /// rank, or itself), as after a failed model fetch: a sub-hub that left at the round's start
+    /// would otherwise cost its whole subtree the round, and a root that left its whole task
+    /// (`kindred-sim cohorts --nodes 10000 --churn 0.3`).
+    pub(super) fn gone(&mut self, now: Millis) {
+        let max_redirects = self.config.max_redirects;
         if let Some(hub) = self.member_hub() {
             tracing::debug!(?hub, "exchange: hub gone");
             self.drop_hub(&hub);
+            let moved = self.view.hub() != hub;
+            if let Some(r) = self
+                .round
+                .as_mut()
+                .filter(|r| self.config.fanout.is_some() && moved && r.redirects < max_redirects)
+            {
+                r.redirects += 1;
+                r.step = Step::Packet;
+                self.choose(now);
+                return;
+            }
         }
         self.finish(Apply::Nothing, true);
     }
@@ -467,6 +484,21 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
                 r.hub = Some(hint.clone());
                 self.view.learn([(hint, rank)]);
                 self.push(now, joining);
+            }
+            // Its tree parent takes no push from it: the parent lost its own hub and now pushes
+            // to this node, which outranks it (or joins it). The node leaves the parent and,
+            // within the round's redirect budget, chooses again (its next rank, or itself), so
+            // the two never end the round waiting on each other: `kindred-sim cohorts --nodes
+            // 10000 --churn 0.3 --seed 4` lost a whole task's round that way after its root left.
+            Answer::Busy
+                if self.config.fanout.is_some()
+                    && self.joined.as_ref() == Some(&hub)
+                    && r.redirects < max_redirects =>
+            {
+                r.redirects += 1;
+                self.joined = None;
+                self.set_step(Step::Packet);
+                self.choose(now);
             }
             Answer::Busy => {
                 self.miss(&hub);

@@ -746,7 +746,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
                 if r.retries < self.config.retries && now < close {
                     self.fetch_again(now, close);
                 } else {
-                    self.gone();
+                    self.gone(now);
                 }
             }
             Step::Pushed {
@@ -761,7 +761,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
                     }
                     self.push(now, joining);
                 } else {
-                    self.gone();
+                    self.gone(now);
                 }
             }
             Step::Pushed { accepted: true, .. } => self.ask_merge(),

@@ -1520,3 +1520,75 @@ fn a_member_never_takes_its_own_hub_as_its_child() {
         "{answer:?}"
     );
 }
+
+#[test]
+fn a_tree_member_its_parent_answers_busy_leaves_it_within_the_round() {
+    // Node 3 sticks to its parent 2, while its view still holds 1 (its root, gone). The
+    // parent dropped 1 too, and now pushes to 3, which outranks it: it answers 3's push busy.
+    let mut node = Node::new(3, 15, tree(4)).with_first_round(0);
+    node.view.learn([(1, 10), (2, 20)]);
+    node.joined = Some(2);
+    assert!(pushed(&start(&mut node, 5, "p3"), 2).is_some());
+    answer(&mut node, 5_010, 2, 5, Answer::Busy);
+    // It leaves the parent and chooses again: its view's hub first, whose model does not
+    // come (gone)...
+    let out = drain(&mut node);
+    assert!(finished(&out).is_none(), "{out:?}");
+    let ticket = fetch_ticket(&out, 1);
+    node.handle(
+        Millis(5_020),
+        Input::ModelReceived {
+            ticket,
+            model: None,
+        },
+    );
+    // ...then itself: it heads, and takes its old parent's push.
+    assert!(!fetches_from(&drain(&mut node), 2));
+    deliver_push(&mut node, 5_030, (2, 20), "p2", None);
+    assert_eq!(
+        answered(&drain(&mut node), 2),
+        Some(Answer::Accepted { depth: 0 })
+    );
+}
+
+#[test]
+fn a_tree_member_whose_parent_is_gone_takes_its_next_rank_within_the_round() {
+    let cfg = ExchangeConfig {
+        timing: Timing {
+            answer_ms: 100,
+            ..Timing::default()
+        },
+        ..tree(4)
+    };
+    let mut node = Node::new(3, 30, cfg).with_first_round(0);
+    node.view.learn([(1, 10), (2, 20)]);
+    node.joined = Some(2);
+    assert!(pushed(&start(&mut node, 5, "p3"), 2).is_some());
+    // No answer to the push nor to its retry: the parent is gone, and the member joins its
+    // root (its model first) in the same round rather than losing it.
+    node.handle_timeout(Millis(5_100));
+    assert!(pushed(&drain(&mut node), 2).is_some());
+    node.handle_timeout(Millis(5_200));
+    let out = drain(&mut node);
+    assert!(finished(&out).is_none(), "{out:?}");
+    assert!(fetches_from(&out, 1));
+}
+
+#[test]
+fn a_node_joining_a_hub_in_a_tree_names_a_held_pusher_once_it_holds_its_fanout() {
+    let mut node = Node::new(2, 20, tree(1)).with_first_round(0);
+    node.view.learn([(1, 10)]);
+    let out = start(&mut node, 5, "p2");
+    let _ticket = fetch_ticket(&out, 1);
+    deliver_push(&mut node, 5_010, (3, 30), "p3", None);
+    assert_eq!(
+        answered(&drain(&mut node), 3),
+        Some(Answer::Accepted { depth: 0 })
+    );
+    // Its fan-out is held: the next pusher is sent to the held one, not refused busy.
+    deliver_push(&mut node, 5_011, (4, 40), "p4", None);
+    assert_eq!(
+        answered(&drain(&mut node), 4),
+        Some(Answer::Full { hint: 3, rank: 30 })
+    );
+}
