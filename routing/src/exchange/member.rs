@@ -152,13 +152,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
         }
         let (until, deadline) = (r.at(collect), r.deadline);
         if is_own {
-            r.role = Role::Hub;
-            r.depth = 0;
-            r.hub = None;
-            r.step = Step::Collect { until };
-            if now >= until {
-                self.close_admission();
-            }
+            self.head(now);
             return;
         }
         r.role = Role::Member;
@@ -196,6 +190,54 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             });
             self.out.push_back(Output::FetchModel { ticket, hub });
         }
+    }
+
+    /// The node heads its cohort this round: it collects pushes until its admission closes.
+    pub(super) fn head(&mut self, now: Millis) {
+        let collect = self.config.timing.collect_permille;
+        let Some(r) = self.round.as_mut().filter(|r| !r.is_done()) else {
+            return;
+        };
+        let until = r.at(collect);
+        let was_member = r.role == Role::Member && r.depth > 0;
+        r.role = Role::Hub;
+        r.depth = 0;
+        r.hub = None;
+        r.step = Step::Collect { until };
+        // Children it held as a member (one whose hub left) are its members now: admitted
+        // with the rest when its admission closes, not merged up at a member's level close,
+        // and told their new depth, or they take no children of their own (`kindred-sim
+        // cohorts --nodes 100000 --churn 0.3 --seed 3`, round 14: the new root merged as a
+        // sub-hub, its members sent its task's other nodes back to it; the task lost the round).
+        if matches!(r.sub, Sub::Open) {
+            r.sub_close = None;
+            if was_member {
+                let round = r.number;
+                let held: Vec<P> = r.pushes.iter().map(|p| p.from.clone()).collect();
+                for to in held {
+                    self.out.push_back(Output::Answer {
+                        to,
+                        round,
+                        answer: Answer::Accepted { depth: 0 },
+                    });
+                }
+            }
+        }
+        if now >= until {
+            self.close_admission();
+        }
+    }
+
+    /// In a tree, the node is its own hub but pushes to its next rank this round, as an idle
+    /// hub ([`crate::exchange::ExchangeConfig::idle_rounds`]), not to catch up.
+    fn idle_push(&self) -> bool {
+        self.config.fanout.is_some()
+            && self.view.is_own(&self.view.hub())
+            && !self.catching_up()
+            && self
+                .round
+                .as_ref()
+                .is_some_and(|r| r.role == Role::Member && !r.is_done())
     }
 
     /// Pushes the node held as a would-be hub (or, in a tree, while it joined a hub it was no
@@ -436,6 +478,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
         let ask_permille = self.config.timing.merge_ask_permille;
         let timing = self.config.timing;
         let max_hints = u32::from(self.config.max_depth()).saturating_add(1);
+        let idle_push = self.idle_push();
         let Some(r) = current(&mut self.round, round) else {
             return;
         };
@@ -470,6 +513,18 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             // The answer to a sub-hub's merge pushed in place of its accepted packet: the hub
             // merges the packet.
             Answer::Late | Answer::Busy | Answer::Full { .. } if *accepted && pushed_up => {}
+            // In a tree, an idle hub its next rank does not take heads its own cohort for the
+            // rest of the round: its cohort may come to it in this round (their root left),
+            // and two idle hubs pushing to each other must not both end it (`kindred-sim
+            // cohorts --nodes 100000 --churn 0.3 --seed 3`: a whole task lost a round so).
+            // (Heading as soon as it is pushed to kept trees from forming: at 10^5 nodes no
+            // task had 2% of its nodes in one tree in rounds 3-6.)
+            Answer::Late | Answer::Busy if idle_push => {
+                if matches!(answer, Answer::Busy) {
+                    self.miss(&hub);
+                }
+                self.head(now);
+            }
             Answer::Late => self.finish(Apply::Nothing, false),
             Answer::Full { hint, rank } => {
                 // The hub admits no more: it names one of its members to push to, in its

@@ -358,19 +358,24 @@ fn fetch_ticket(out: &[Output<u32, &'static str>], hub: u32) -> Ticket {
         .expect("a model fetch")
 }
 
+/// The model fetch of `ticket` fails at `now` (the hub is gone).
+fn model_lost(node: &mut Node, now: u64, ticket: Ticket) {
+    node.handle(
+        Millis(now),
+        Input::ModelReceived {
+            ticket,
+            model: None,
+        },
+    );
+}
+
 #[test]
 fn a_hub_whose_model_cannot_be_fetched_is_dropped_and_the_next_rank_joined_that_round() {
     let mut member = Node::new(3, 30, config());
     member.view.learn([(1, 10), (2, 20)]);
     let out = start(&mut member, 0, "p3");
     // The lowest rank left the swarm: its fetch fails outright.
-    member.handle(
-        Millis(10),
-        Input::ModelReceived {
-            ticket: fetch_ticket(&out, 1),
-            model: None,
-        },
-    );
+    model_lost(&mut member, 10, fetch_ticket(&out, 1));
     let out = drain(&mut member);
     assert!(fetches_from(&out, 2), "{out:?}");
     assert!(!out.iter().any(|o| matches!(o, Output::Ban { .. })));
@@ -1535,13 +1540,7 @@ fn a_tree_member_its_parent_answers_busy_leaves_it_within_the_round() {
     let out = drain(&mut node);
     assert!(finished(&out).is_none(), "{out:?}");
     let ticket = fetch_ticket(&out, 1);
-    node.handle(
-        Millis(5_020),
-        Input::ModelReceived {
-            ticket,
-            model: None,
-        },
-    );
+    model_lost(&mut node, 5_020, ticket);
     // ...then itself: it heads, and takes its old parent's push.
     assert!(!fetches_from(&drain(&mut node), 2));
     deliver_push(&mut node, 5_030, (2, 20), "p2", None);
@@ -1590,5 +1589,54 @@ fn a_node_joining_a_hub_in_a_tree_names_a_held_pusher_once_it_holds_its_fanout()
     assert_eq!(
         answered(&drain(&mut node), 4),
         Some(Answer::Full { hint: 3, rank: 30 })
+    );
+}
+
+#[test]
+fn an_idle_root_its_next_rank_does_not_take_heads_its_tree_that_round() {
+    // Past its searches (the test is about its answers, not its schedule).
+    let quiet = ExchangeConfig {
+        tree_search_every: 10,
+        ..tree(4)
+    };
+    let mut node = Node::new(1, 10, quiet).with_first_round(0);
+    node.view.learn([(2, 20)]);
+    node.idle = node.config.idle_rounds;
+    // Nobody pushed to it: it joins its next rank, which is busy (it pushes to this node: its
+    // own hub left).
+    let ticket = fetch_ticket(&start(&mut node, 5, "p1"), 2);
+    check_model(&mut node, Millis(5_005), ticket, "m2", ModelVerdict::Keep);
+    assert!(pushed(&drain(&mut node), 2).is_some());
+    answer(&mut node, 5_010, 2, 5, Answer::Busy);
+    assert!(finished(&drain(&mut node)).is_none());
+    // It heads for the rest of the round, and the pushes of the task that comes to it count.
+    deliver_push(&mut node, 5_020, (2, 20), "p2", None);
+    assert_eq!(
+        answered(&drain(&mut node), 2),
+        Some(Answer::Accepted { depth: 0 })
+    );
+}
+
+#[test]
+fn a_member_that_heads_within_the_round_tells_its_children_their_new_depth() {
+    // Node 3 is a child of 2, which is a child of 1 (gone); it holds a child of its own.
+    let mut node = Node::new(3, 15, tree(4)).with_first_round(0);
+    node.view.learn([(1, 10), (2, 20)]);
+    node.joined = Some(2);
+    assert!(pushed(&start(&mut node, 5, "p3"), 2).is_some());
+    answer(&mut node, 5_010, 2, 5, Answer::Accepted { depth: 1 });
+    deliver_push(&mut node, 5_020, (4, 40), "p4", Some(2));
+    assert_eq!(
+        answered(&drain(&mut node), 4),
+        Some(Answer::Accepted { depth: 2 })
+    );
+    // Its parent lost its root and names this node, which outranks it; the root's model does
+    // not come: the node heads, and its child is one level below it now.
+    answer(&mut node, 5_030, 2, 5, Answer::NotHub { hub: 3, rank: 15 });
+    let ticket = fetch_ticket(&drain(&mut node), 1);
+    model_lost(&mut node, 5_040, ticket);
+    assert_eq!(
+        answered(&drain(&mut node), 4),
+        Some(Answer::Accepted { depth: 0 })
     );
 }
