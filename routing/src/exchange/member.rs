@@ -199,7 +199,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             return;
         };
         let until = r.at(collect);
-        let was_member = r.role == Role::Member && r.depth > 0;
+        let was_member = self.config.fanout.is_some() && r.role == Role::Member && r.depth > 0;
         r.role = Role::Hub;
         r.depth = 0;
         r.hub = None;
