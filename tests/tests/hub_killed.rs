@@ -93,8 +93,9 @@ fn a_killed_hub_is_replaced_and_its_members_never_miss_a_round() {
         assert!(
             late.iter()
                 .any(|r| r.exchange.as_ref().unwrap().applied.contains("merge")),
-            "node {i} merged nothing after the kill: {:?}",
-            late.iter().map(|r| &r.exchange).collect::<Vec<_>>()
+            "node {i} merged nothing after the kill: {:?}\n{}",
+            late.iter().map(|r| &r.exchange).collect::<Vec<_>>(),
+            others.iter().map(|&j| nodes[j].log()).collect::<String>()
         );
     }
 
