@@ -212,12 +212,10 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
         if matches!(r.sub, Sub::Open) {
             r.sub_close = None;
             if was_member {
-                let round = r.number;
-                let held: Vec<P> = r.pushes.iter().map(|p| p.from.clone()).collect();
-                for to in held {
+                for p in &r.pushes {
                     self.out.push_back(Output::Answer {
-                        to,
-                        round,
+                        to: p.from.clone(),
+                        round: r.number,
                         answer: Answer::Accepted { depth: 0 },
                     });
                 }
@@ -297,19 +295,10 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
     /// would otherwise cost its whole subtree the round, and a root that left its whole task
     /// (`kindred-sim cohorts --nodes 10000 --churn 0.3`).
     pub(super) fn gone(&mut self, now: Millis) {
-        let max_redirects = self.config.max_redirects;
         if let Some(hub) = self.member_hub() {
             tracing::debug!(?hub, "exchange: hub gone");
             self.drop_hub(&hub);
-            let moved = self.view.hub() != hub;
-            if let Some(r) = self
-                .round
-                .as_mut()
-                .filter(|r| self.config.fanout.is_some() && moved && r.redirects < max_redirects)
-            {
-                r.redirects += 1;
-                r.step = Step::Packet;
-                self.choose(now);
+            if self.config.fanout.is_some() && self.choose_again(now, &hub) {
                 return;
             }
         }
@@ -461,16 +450,27 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
     /// `left` is no longer the node's hub (refused): within the round's redirect budget it
     /// chooses again (another hub to join, or itself), otherwise it ends the round alone.
     fn next_rank(&mut self, now: Millis, left: &P) {
-        let max_redirects = self.config.max_redirects;
-        let moved = self.view.hub() != *left;
-        let Some(r) = self.round.as_mut() else { return };
-        r.redirects += 1;
-        if moved && r.redirects <= max_redirects {
-            r.step = Step::Packet;
-            self.choose(now);
-        } else {
+        if self.round.is_some() && !self.choose_again(now, left) {
             self.finish(Apply::Nothing, false);
         }
+    }
+
+    /// The node left `left` this round: if its view now names another hub and the round's
+    /// redirect budget allows, it chooses again (another hub to join, or itself). Whether it
+    /// did; if not, the caller ends the round.
+    fn choose_again(&mut self, now: Millis, left: &P) -> bool {
+        let max_redirects = self.config.max_redirects;
+        let moved = self.view.hub() != *left;
+        let Some(r) = self.round.as_mut() else {
+            return false;
+        };
+        r.redirects += 1;
+        if !moved || r.redirects > max_redirects {
+            return false;
+        }
+        r.step = Step::Packet;
+        self.choose(now);
+        true
     }
 
     pub(super) fn answer_received(&mut self, now: Millis, from: P, round: u64, answer: Answer<P>) {
@@ -545,15 +545,12 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             // within the round's redirect budget, chooses again (its next rank, or itself), so
             // the two never end the round waiting on each other: `kindred-sim cohorts --nodes
             // 10000 --churn 0.3 --seed 4` lost a whole task's round that way after its root left.
-            Answer::Busy
-                if self.config.fanout.is_some()
-                    && self.joined.as_ref() == Some(&hub)
-                    && r.redirects < max_redirects =>
-            {
-                r.redirects += 1;
+            Answer::Busy if self.config.fanout.is_some() && self.joined.as_ref() == Some(&hub) => {
                 self.joined = None;
-                self.set_step(Step::Packet);
-                self.choose(now);
+                if !self.choose_again(now, &hub) {
+                    self.miss(&hub);
+                    self.finish(Apply::Nothing, true);
+                }
             }
             Answer::Busy => {
                 self.miss(&hub);

@@ -1226,6 +1226,18 @@ fn answered(out: &[Output<u32, &'static str>], to: u32) -> Option<Answer<u32>> {
     })
 }
 
+/// `from`'s push of the round `now` is delivered at `now`; the node's answer to it.
+fn answer_to_push(
+    node: &mut Node,
+    now: u64,
+    from: (u32, u64),
+    packet: &'static str,
+    via: Option<u32>,
+) -> Option<Answer<u32>> {
+    deliver_push(node, now, from, packet, via);
+    answered(&drain(node), from.0)
+}
+
 /// Compute the merge `node` asks for in `out` as `merge`; returns whether it was a sub-hub's.
 fn compute_merge(
     node: &mut Node,
@@ -1543,9 +1555,8 @@ fn a_tree_member_its_parent_answers_busy_leaves_it_within_the_round() {
     model_lost(&mut node, 5_020, ticket);
     // ...then itself: it heads, and takes its old parent's push.
     assert!(!fetches_from(&drain(&mut node), 2));
-    deliver_push(&mut node, 5_030, (2, 20), "p2", None);
     assert_eq!(
-        answered(&drain(&mut node), 2),
+        answer_to_push(&mut node, 5_030, (2, 20), "p2", None),
         Some(Answer::Accepted { depth: 0 })
     );
 }
@@ -1579,15 +1590,13 @@ fn a_node_joining_a_hub_in_a_tree_names_a_held_pusher_once_it_holds_its_fanout()
     node.view.learn([(1, 10)]);
     let out = start(&mut node, 5, "p2");
     let _ticket = fetch_ticket(&out, 1);
-    deliver_push(&mut node, 5_010, (3, 30), "p3", None);
     assert_eq!(
-        answered(&drain(&mut node), 3),
+        answer_to_push(&mut node, 5_010, (3, 30), "p3", None),
         Some(Answer::Accepted { depth: 0 })
     );
     // Its fan-out is held: the next pusher is sent to the held one, not refused busy.
-    deliver_push(&mut node, 5_011, (4, 40), "p4", None);
     assert_eq!(
-        answered(&drain(&mut node), 4),
+        answer_to_push(&mut node, 5_011, (4, 40), "p4", None),
         Some(Answer::Full { hint: 3, rank: 30 })
     );
 }
@@ -1610,9 +1619,8 @@ fn an_idle_root_its_next_rank_does_not_take_heads_its_tree_that_round() {
     answer(&mut node, 5_010, 2, 5, Answer::Busy);
     assert!(finished(&drain(&mut node)).is_none());
     // It heads for the rest of the round, and the pushes of the task that comes to it count.
-    deliver_push(&mut node, 5_020, (2, 20), "p2", None);
     assert_eq!(
-        answered(&drain(&mut node), 2),
+        answer_to_push(&mut node, 5_020, (2, 20), "p2", None),
         Some(Answer::Accepted { depth: 0 })
     );
 }
@@ -1625,9 +1633,8 @@ fn a_member_that_heads_within_the_round_tells_its_children_their_new_depth() {
     node.joined = Some(2);
     assert!(pushed(&start(&mut node, 5, "p3"), 2).is_some());
     answer(&mut node, 5_010, 2, 5, Answer::Accepted { depth: 1 });
-    deliver_push(&mut node, 5_020, (4, 40), "p4", Some(2));
     assert_eq!(
-        answered(&drain(&mut node), 4),
+        answer_to_push(&mut node, 5_020, (4, 40), "p4", Some(2)),
         Some(Answer::Accepted { depth: 2 })
     );
     // Its parent lost its root and names this node, which outranks it; the root's model does
