@@ -110,7 +110,6 @@ enum Blob {
         sent: Arc<Vec<f32>>,
         samples: u64,
         loss: f32,
-        embedding: Embedding,
     },
     /// A member's pushed update.
     Pushed { update: Vec<f32>, samples: u64 },
@@ -233,6 +232,9 @@ pub struct HubDriver {
     /// Answers to pushes already answered (a refusal at the admission's close): given to the
     /// pusher's merge fetch.
     later: HashMap<(PeerId, u64), HubAnswer>,
+    /// Sketch cosines of pushes with the node's own, by pusher and round: served back with the
+    /// merge, where the member keeps it as its anchor (the merge header carries no embedding).
+    cosines: HashMap<(PeerId, u64), f32>,
     /// Operations in flight.
     ops: FuturesUnordered<BoxFuture<'static, Event>>,
     /// Merge fetches in flight, by hub and round.
@@ -306,6 +308,7 @@ impl HubDriver {
             parked: HashMap::new(),
             served: BTreeMap::new(),
             later: HashMap::new(),
+            cosines: HashMap::new(),
             ops: FuturesUnordered::new(),
             polling: HashSet::new(),
             current: None,
@@ -351,6 +354,7 @@ impl HubDriver {
         self.blobs.clear();
         self.served.retain(|&r, _| r + 1 >= round);
         self.later.retain(|&(_, r), _| r + 1 >= round);
+        self.cosines.retain(|&(_, r), _| r + 1 >= round);
         // A push the core never answered (its round is over) is dropped: its stream closes.
         self.pushes.retain(|&(_, r), _| r + 1 >= round);
         let packet = self.put(Blob::Own {
@@ -359,7 +363,6 @@ impl HubDriver {
             sent: out.sent.clone(),
             samples: out.samples,
             loss: out.loss,
-            embedding: out.packet.header.header().embedding.clone(),
         });
         self.current = Some((round, packet));
         self.own_header = Some((out.packet.header.clone(), out.margins.clone()));
@@ -847,6 +850,7 @@ impl HubDriver {
                     .as_ref()
                     .map_or(0.0, |(own, _)| own.header().embedding.cosine(&h.embedding));
                 let samples = h.samples;
+                self.cosines.insert((peer, round), cosine);
                 let handle = self.put(Blob::Pushed { update, samples });
                 if let Some(old) = self.pushes.insert((peer, round), reply) {
                     old.answer(&HubAnswer::Busy);
@@ -906,7 +910,13 @@ impl HubDriver {
         };
         self.stats.merge_bytes += (s.header.len() + s.body.len()) as u64;
         let names: &[PeerId] = if listed { &s.listed } else { &[] };
-        reply.merge(s.header.clone(), s.body.clone(), names);
+        // Every member served pushed this round: its cosine was kept when the push came.
+        let cosine = self
+            .cosines
+            .get(&(peer, round))
+            .copied()
+            .unwrap_or_default();
+        reply.merge(s.header.clone(), s.body.clone(), cosine, names);
     }
 
     fn poll_merge(&mut self, hub: PeerId, round: u64) {
@@ -1002,12 +1012,13 @@ impl HubDriver {
                 reply,
             } => {
                 self.polling.remove(&(from, round));
-                let (merge, bytes, listed) = match reply {
+                let (merge, bytes, cosine, listed) = match reply {
                     Ok(ExchangeReply::Merge {
                         merge,
                         bytes,
+                        cosine,
                         listed,
-                    }) => (merge, bytes, listed),
+                    }) => (merge, bytes, cosine, listed),
                     Ok(ExchangeReply::Answer(answer)) => {
                         let answer = self.core_answer(answer);
                         self.core.handle(
@@ -1040,9 +1051,6 @@ impl HubDriver {
                     return self.invalid(from, "undecodable_update");
                 };
                 self.stats.merge_bytes += bytes as u64;
-                let cosine = self
-                    .own_embedding()
-                    .map_or(0.0, |e| e.cosine(&merge.header.header().embedding));
                 let handle = self.put(Blob::Merge {
                     update,
                     raw: None,
@@ -1078,14 +1086,6 @@ impl HubDriver {
         }
     }
 
-    fn own_embedding(&self) -> Option<&Embedding> {
-        let (_, h) = self.current?;
-        match self.blobs.get(&h) {
-            Some(Blob::Own { embedding, .. }) => Some(embedding),
-            _ => None,
-        }
-    }
-
     /// A hub's merge of its own sent update and its members', distilled with its own error
     /// feedback and sealed under the merge domain; `None` when it cannot be made.
     fn hub_merge(
@@ -1099,7 +1099,6 @@ impl HubDriver {
             sent,
             samples,
             loss,
-            embedding,
             ..
         }) = self.blobs.get(&own)
         else {
@@ -1166,7 +1165,8 @@ impl HubDriver {
             unix_ms: now_ms(),
             samples: total,
             loss: *loss,
-            embedding: embedding.clone(),
+            // Members learn the hub's cosine with their push from the merge response.
+            embedding: Embedding::default(),
         };
         // What the hub's own data checks: the merge it made (a lying hub checks the honest one).
         #[cfg(feature = "adversary")]

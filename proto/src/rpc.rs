@@ -84,7 +84,8 @@ pub const MAX_KNOWN_PEERS: usize = 1024;
 pub const MAX_REQUEST_BYTES: usize = 16 * 1024;
 
 /// Bytes of framing a `Push` or `Merge` adds to its header, body and peer list, rounded up: tag,
-/// id and round varints (10 bytes each at most), and the header, body and list length varints.
+/// id and round varints (10 bytes each at most), the header, body and list length varints, and a
+/// merge's cosine.
 const PACKET_FRAMING: usize = 32;
 
 /// Encoded bytes of a full peer list: each entry is a one-byte length and at most
@@ -253,6 +254,57 @@ pub enum PushAnswer {
     },
 }
 
+/// A sketch cosine as a [`RpcResponse::Merge`] carries it: in ten-thousandths, within
+/// −10,000..=10,000 (the decoder refuses anything else).
+///
+/// A hub measures each pusher's embedding against its own to admit it; it sends that cosine
+/// back with the merge, where the member keeps it as its anchor (`Cohort::merged` in
+/// `kindred-routing`). Sending the number instead of the hub's embedding saves the merge
+/// header's sketch (512 bytes by default) on every member's fetch; a hub could lie in either.
+///
+/// ```
+/// use kindred_proto::rpc::SketchCosine;
+/// let c = SketchCosine::from_f32(0.97);
+/// assert_eq!(c.permyriad(), 9700);
+/// assert!((c.to_f32() - 0.97).abs() < 1e-4);
+/// assert_eq!(SketchCosine::from_f32(f32::NAN).permyriad(), 0);
+/// assert_eq!(SketchCosine::from_f32(3.0).permyriad(), 10_000);
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct SketchCosine(i16);
+
+impl SketchCosine {
+    /// The largest magnitude: a cosine of 1.
+    pub const SCALE: i16 = 10_000;
+
+    /// `cosine` rounded to ten-thousandths, clamped to [−1, 1]; 0 if it is not finite.
+    pub fn from_f32(cosine: f32) -> Self {
+        if !cosine.is_finite() {
+            return Self(0);
+        }
+        let scaled = (cosine.clamp(-1.0, 1.0) * f32::from(Self::SCALE)).round();
+        // In −10,000..=10,000 after the clamp.
+        Self(scaled as i16)
+    }
+
+    /// The cosine `permyriad` ten-thousandths, if within −10,000..=10,000.
+    pub fn from_permyriad(permyriad: i16) -> Option<Self> {
+        (-Self::SCALE..=Self::SCALE)
+            .contains(&permyriad)
+            .then_some(Self(permyriad))
+    }
+
+    /// The cosine in ten-thousandths.
+    pub fn permyriad(self) -> i16 {
+        self.0
+    }
+
+    /// The cosine.
+    pub fn to_f32(self) -> f32 {
+        f32::from(self.0) / f32::from(Self::SCALE)
+    }
+}
+
 /// A response to an [`RpcRequest`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RpcResponse {
@@ -304,6 +356,9 @@ pub enum RpcResponse {
         header: Vec<u8>,
         /// The merge's encoded body (at most [`MAX_BODY_BYTES`]).
         body: Vec<u8>,
+        /// The hub's sketch cosine with the member's push (the merge header carries no
+        /// embedding).
+        cosine: SketchCosine,
         /// The peers of the hub's view it lists, each an encoded `PeerId` (non-empty, at most
         /// [`MAX_PEER_ID_BYTES`]); at most [`MAX_KNOWN_PEERS`] of them.
         listed: Vec<Vec<u8>>,
@@ -497,6 +552,7 @@ enum WireResponse<'a> {
         id: u64,
         header: &'a [u8],
         body: &'a [u8],
+        cosine: i16,
         count: u32,
     },
 }
@@ -520,6 +576,11 @@ fn oversize_dec(what: &'static str, len: usize, max: usize) -> RpcDecodeError {
 /// Bytes of the LEB128 varint encoding of `v`.
 fn varint_len(v: u64) -> usize {
     (64 - (v | 1).leading_zeros() as usize).div_ceil(7)
+}
+
+/// postcard's zigzag mapping of a signed integer before its varint.
+fn zigzag(v: i16) -> u64 {
+    u64::from(((v << 1) ^ (v >> 15)) as u16)
 }
 
 /// Encoded length of a postcard byte string: varint length ‖ bytes.
@@ -940,11 +1001,13 @@ impl RpcResponse {
                 id,
                 header,
                 body,
+                cosine,
                 listed,
             } => {
                 1 + varint_len(id.0)
                     + byte_string_len(header)
                     + byte_string_len(body)
+                    + varint_len(zigzag(cosine.0))
                     + peer_list_len(listed)
             }
         }
@@ -1047,12 +1110,14 @@ impl RpcResponse {
                 id,
                 header,
                 body,
+                cosine,
                 listed,
             } => {
                 let wire = WireResponse::Merge {
                     id: id.0,
                     header,
                     body,
+                    cosine: cosine.0,
                     // Checked against MAX_KNOWN_PEERS above.
                     count: listed.len() as u32,
                 };
@@ -1144,15 +1209,21 @@ impl RpcResponse {
                 id,
                 header,
                 body,
+                cosine,
                 count,
             } => {
                 check_received_packet(header, body)?;
+                let cosine =
+                    SketchCosine::from_permyriad(cosine).ok_or(RpcDecodeError::Malformed {
+                        detail: "cosine out of range",
+                    })?;
                 let (listed, tail) = read_peer_list("listed peer list", count, rest)?;
                 rest = tail;
                 Self::Merge {
                     id: RequestId(id),
                     header: header.to_vec(),
                     body: body.to_vec(),
+                    cosine,
                     listed,
                 }
             }
@@ -1186,6 +1257,13 @@ mod tests {
             assert_eq!(
                 varint_len(v),
                 postcard::to_allocvec(&v).unwrap_or_default().len()
+            );
+        }
+        for v in [0i16, 1, -1, 63, -64, 64, 8191, -8192, 8192, 10_000, -10_000] {
+            assert_eq!(
+                varint_len(zigzag(v)),
+                postcard::to_allocvec(&v).unwrap_or_default().len(),
+                "{v}"
             );
         }
     }
@@ -1255,6 +1333,7 @@ mod tests {
             id: RequestId(u64::MAX),
             header: std::mem::take(header),
             body: std::mem::take(body),
+            cosine: SketchCosine::from_f32(-1.0),
             listed: std::mem::take(known),
         };
         let bytes = merge.encode().unwrap_or_default();

@@ -128,12 +128,14 @@ fn arb_response() -> impl Strategy<Value = RpcResponse> {
             any::<u64>(),
             arb_header(),
             vec(any::<u8>(), 0..2000),
+            -10_000i16..=10_000,
             arb_peers()
         )
-            .prop_map(|(id, header, body, listed)| RpcResponse::Merge {
+            .prop_map(|(id, header, body, cosine, listed)| RpcResponse::Merge {
                 id: RequestId(id),
                 header,
                 body,
+                cosine: SketchCosine::from_permyriad(cosine).unwrap_or_default(),
                 listed,
             }),
     ]
@@ -482,9 +484,10 @@ fn push_prefix() -> Vec<u8> {
     vec![5u8, 1, 1, 0, 0]
 }
 
-/// A merge response's fixed part (tag 5, id 1, an empty header and body), ready for its list.
+/// A merge response's fixed part (tag 5, id 1, an empty header and body, cosine 0), ready for
+/// its list.
 fn merge_prefix() -> Vec<u8> {
-    vec![5u8, 1, 0, 0]
+    vec![5u8, 1, 0, 0, 0]
 }
 
 fn push_with(known: Vec<Vec<u8>>) -> RpcRequest {
@@ -502,6 +505,7 @@ fn merge_with(listed: Vec<Vec<u8>>) -> RpcResponse {
         id: RequestId(1),
         header: vec![],
         body: vec![],
+        cosine: SketchCosine::default(),
         listed,
     }
 }
@@ -562,6 +566,7 @@ fn hub_exchange_messages_round_trip() {
         id: RequestId(3),
         header: vec![0xaa; 300],
         body: vec![0xbb; 7000],
+        cosine: SketchCosine::from_f32(-0.25),
         listed: vec![vec![0x55; 38]; 40],
     });
     responses.push(merge_with(vec![]));
@@ -600,6 +605,7 @@ fn hub_exchange_encodings_are_pinned() {
         id: RequestId(7),
         header: vec![0xaa],
         body: vec![],
+        cosine: SketchCosine::from_f32(0.97),
         listed: vec![vec![0x10]],
     };
     let requests: [(&RpcRequest, &str); 3] = [
@@ -627,7 +633,7 @@ fn hub_exchange_encodings_are_pinned() {
             "04 07 04 00",
         ),
         (answer(PushAnswer::Refused { foreign: true }), "04 07 04 01"),
-        (merge, "05 07 01aa 00 01 0110"),
+        (merge, "05 07 01aa 00 c89701 01 0110"),
         (
             RpcResponse::Error {
                 id: RequestId(7),
@@ -642,6 +648,32 @@ fn hub_exchange_encodings_are_pinned() {
         assert_eq!(
             RpcResponse::decode(&bytes, MAX_RESPONSE_BYTES).unwrap(),
             response
+        );
+    }
+}
+
+/// A merge's cosine is ten-thousandths within ±10,000: one step past either end is malformed.
+#[test]
+fn a_merge_cosine_out_of_range_is_refused() {
+    let merge = |permyriad: i16| {
+        let mut bytes = vec![5u8, 7, 1, 0xaa, 0];
+        bytes.extend(postcard::to_allocvec(&permyriad).unwrap());
+        bytes.extend([0]);
+        RpcResponse::decode(&bytes, MAX_RESPONSE_BYTES)
+    };
+    for edge in [-10_000, 0, 10_000] {
+        let Ok(RpcResponse::Merge { cosine, .. }) = merge(edge) else {
+            panic!("cosine {edge} refused");
+        };
+        assert_eq!(cosine.permyriad(), edge);
+    }
+    for outside in [-10_001, 10_001, i16::MIN, i16::MAX] {
+        assert_eq!(
+            merge(outside),
+            Err(RpcDecodeError::Malformed {
+                detail: "cosine out of range"
+            }),
+            "{outside}"
         );
     }
 }
@@ -863,6 +895,7 @@ fn pushed_and_merged_packets_keep_their_limits() {
         id: RequestId(1),
         header: vec![],
         body: vec![0; MAX_BODY_BYTES + 1],
+        cosine: SketchCosine::default(),
         listed: vec![],
     };
     assert!(matches!(
@@ -884,6 +917,7 @@ fn pushed_and_merged_packets_keep_their_limits() {
         id: RequestId(1),
         header: vec![],
         body: vec![0; MAX_PUSH_ANSWER_BYTES],
+        cosine: SketchCosine::default(),
         listed: vec![],
     }
     .encode()

@@ -25,7 +25,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use kindred_proto::rpc::{PushAnswer, RequestId, RpcErrorCode, RpcKind, RpcRequest, RpcResponse};
+use kindred_proto::rpc::{
+    PushAnswer, RequestId, RpcErrorCode, RpcKind, RpcRequest, RpcResponse, SketchCosine,
+};
 use kindred_proto::{ModelSpec, OutcomePacket};
 use libp2p::PeerId;
 use tokio::sync::oneshot;
@@ -95,6 +97,9 @@ pub enum ExchangeReply {
         merge: Box<OutcomePacket>,
         /// Its encoded size (header and body), for the node's byte counts.
         bytes: usize,
+        /// The hub's sketch cosine with the node's push, in [−1, 1] (its anchor:
+        /// [`crate::Cohort::merged`]).
+        cosine: f32,
         /// The peers the hub listed.
         listed: Vec<PeerId>,
     },
@@ -174,14 +179,16 @@ impl ExchangeResponder {
         self.send(RpcResponse::PushAnswer { id, answer });
     }
 
-    /// Serve a merge (sealed with [`kindred_proto::seal_merge`]) and the listed peers.
-    pub fn merge(self, header: Vec<u8>, body: Vec<u8>, listed: &[PeerId]) {
+    /// Serve a merge (sealed with [`kindred_proto::seal_merge`]), the hub's sketch cosine with
+    /// the member's push, and the listed peers.
+    pub fn merge(self, header: Vec<u8>, body: Vec<u8>, cosine: f32, listed: &[PeerId]) {
         let id = self.id;
         let listed = listed.iter().map(|p| p.to_bytes()).collect();
         self.send(RpcResponse::Merge {
             id,
             header,
             body,
+            cosine: SketchCosine::from_f32(cosine),
             listed,
         });
     }
@@ -373,6 +380,7 @@ impl RoutingCore {
                 RpcResponse::Merge {
                     header,
                     body,
+                    cosine,
                     listed,
                     ..
                 },
@@ -396,6 +404,7 @@ impl RoutingCore {
                 Ok(ExchangeReply::Merge {
                     merge: Box::new(merge),
                     bytes,
+                    cosine: cosine.to_f32(),
                     listed,
                 })
             }

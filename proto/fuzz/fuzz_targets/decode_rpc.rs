@@ -54,7 +54,10 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(response) = RpcResponse::decode(bytes, limit) {
         assert!(bytes.len() <= limit);
         match &response {
-            RpcResponse::Merge { listed, .. } => check_peers(listed),
+            RpcResponse::Merge { listed, cosine, .. } => {
+                check_peers(listed);
+                assert!((-1.0..=1.0).contains(&cosine.to_f32()));
+            }
             RpcResponse::PushAnswer {
                 answer: PushAnswer::NotHub { hub },
                 ..

@@ -196,7 +196,8 @@ pub enum Input<P, M> {
         round: u64,
         /// The merge.
         merge: M,
-        /// Sketch cosine of the hub's embedding (in the merge's header) with the node's own.
+        /// The hub's sketch cosine with the node's push (its embedding against the hub's own),
+        /// as the merge response carries it ([`kindred_proto::rpc::SketchCosine`]).
         cosine: f32,
         /// The hub's view ([`crate::Cohort::listed`]), ranks recomputed by the driver.
         listed: Vec<(P, u64)>,

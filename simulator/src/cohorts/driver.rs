@@ -6,7 +6,7 @@ use std::collections::{BinaryHeap, HashMap};
 use std::sync::Arc;
 
 use kindred_proto::ModelId;
-use kindred_proto::rpc::{PushAnswer, RequestId, RpcRequest, RpcResponse};
+use kindred_proto::rpc::{PushAnswer, RequestId, RpcRequest, RpcResponse, SketchCosine};
 use kindred_routing::exchange::{
     Answer, Apply, ExchangeConfig, Input, MergeVerdict, Millis, ModelVerdict, Output, Role,
     RoundReport, SeenHeader,
@@ -120,6 +120,7 @@ impl Sizes {
                     id,
                     header,
                     body,
+                    cosine: SketchCosine::from_f32(0.97),
                     listed: Vec::new(),
                 }
                 .encoded_len(),

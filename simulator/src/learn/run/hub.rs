@@ -46,8 +46,8 @@ use kindred_distill::{
     AggregateRejection, Distiller, ShardScores, SynthConfig, check_adoption, check_aggregate,
     check_by_data, decode, snapshot,
 };
-use kindred_proto::rpc::{PushAnswer, RequestId, RpcRequest, RpcResponse};
-use kindred_proto::{HeaderFields, SIMHASH_BITS, SimHash, seal};
+use kindred_proto::rpc::{PushAnswer, RequestId, RpcRequest, RpcResponse, SketchCosine};
+use kindred_proto::{Embedding, HeaderFields, SIMHASH_BITS, SimHash, seal};
 use kindred_routing::exchange::{
     Answer, Apply, Exchange, ExchangeConfig, Input, MergeVerdict, Millis, ModelVerdict, Output,
     Role, SeenHeader, Snapshot, Ticket,
@@ -806,10 +806,13 @@ impl Driver<'_, '_, '_, '_> {
                         round,
                     }
                     .encoded_len();
+                    // The hub's cosine with the member's push, as the wire carries it.
+                    let cosine = SketchCosine::from_f32(self.cosine(member, i));
                     let response = RpcResponse::Merge {
                         id: self.request_id(),
                         header: vec![0; header],
                         body: vec![0; body],
+                        cosine,
                         listed: if fresh { full.clone() } else { Vec::new() },
                     }
                     .encoded_len();
@@ -822,7 +825,7 @@ impl Driver<'_, '_, '_, '_> {
                         from: i,
                         round,
                         merge,
-                        cosine: self.cosine(member, i),
+                        cosine: cosine.to_f32(),
                         listed: if fresh { listed.clone() } else { Vec::new() },
                     };
                     self.send(now, member, input);
@@ -1243,11 +1246,8 @@ impl Driver<'_, '_, '_, '_> {
                 unix_ms: 0,
                 samples: r.samples.get(hu).copied().unwrap_or(1),
                 loss: r.losses.get(hu).copied().unwrap_or(0.0),
-                embedding: r
-                    .packed
-                    .get(hu)
-                    .map(|p| p.embedding.clone())
-                    .unwrap_or_default(),
+                // Members learn the hub's cosine with their push from the merge response.
+                embedding: Embedding::default(),
             },
             &out.body,
         )?;
