@@ -1098,3 +1098,81 @@ fn a_search_that_only_meets_peers_ranks_their_earlier_headers_of_the_window() {
     assert_eq!(meeting.candidates[0].header.id(), b.packet.id());
     assert!(meeting.packets.is_empty());
 }
+
+/// A merge fetch's answer: the hub's signed merge, with no embedding in its header, and the hub's
+/// sketch cosine with the member's push, which the reply hands on; a merge of another round is a
+/// replay.
+#[test]
+fn a_merge_reply_carries_the_hubs_cosine_and_a_merge_of_another_round_is_refused() {
+    use kindred_proto::rpc::SketchCosine;
+    use kindred_proto::{DenseValues, Embedding, HeaderFields, LayerPayload, PacketBody};
+    use kindred_routing::{ExchangeCall, ExchangeError, ExchangeReply};
+
+    let now = Instant::now();
+    let hub_key = identity(41);
+    let hub = peer_of(&hub_key);
+    let mut member = RoutingCore::new(peer_of(&identity(42)), config());
+    let body = PacketBody {
+        layers: vec![
+            LayerPayload::Dense(DenseValues::F32(vec![0.25; 32])),
+            LayerPayload::Dense(DenseValues::F32(vec![-0.25; 4])),
+        ],
+    };
+    let merge_of = |round| {
+        let fields = HeaderFields {
+            round,
+            unix_ms: 1_700_000_000_000,
+            samples: 300,
+            loss: 0.4,
+            embedding: Embedding::default(),
+        };
+        kindred_proto::seal_merge(&hub_key, &spec(), fields, &body).unwrap()
+    };
+    let mut fetch = |round: u64, merge: &SealedPacket| {
+        let call = member.exchange_call(
+            hub,
+            ExchangeCall::GetMerge {
+                round,
+                spec: Arc::new(spec()),
+            },
+            now,
+        );
+        let request = drain(&mut member)
+            .into_iter()
+            .find_map(|o| match o {
+                Output::SendRequest { request, .. } => Some(request),
+                _ => None,
+            })
+            .unwrap();
+        let response = RpcResponse::Merge {
+            id: request.id(),
+            header: merge.header_bytes.clone(),
+            body: merge.body_bytes.clone(),
+            cosine: SketchCosine::from_f32(0.9731),
+            listed: vec![],
+        };
+        member.handle_response(hub, request.id(), Ok(response), now);
+        drain(&mut member)
+            .into_iter()
+            .find_map(|o| match o {
+                Output::ExchangeDone { call: c, result } if c == call => Some(result),
+                _ => None,
+            })
+            .unwrap()
+    };
+    let merge = merge_of(7);
+    match fetch(7, &merge) {
+        Ok(ExchangeReply::Merge {
+            cosine, merge: m, ..
+        }) => {
+            assert!((cosine - 0.9731).abs() < 1e-6, "{cosine}");
+            assert!(m.header.header().embedding.sketch.is_empty());
+            assert_eq!(m.header.header().round, 7);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        fetch(8, &merge),
+        Err(ExchangeError::Invalid("replayed_merge"))
+    ));
+}
