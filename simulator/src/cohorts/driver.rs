@@ -120,6 +120,7 @@ impl Sizes {
                     id,
                     header,
                     body,
+                    // A cosine within a task: 3 bytes, as any of magnitude ≥ 0.82.
                     cosine: SketchCosine::from_f32(0.97),
                     listed: Vec::new(),
                 }
