@@ -131,8 +131,10 @@ struct Served {
     header: Vec<u8>,
     body: Vec<u8>,
     listed: Vec<PeerId>,
-    /// Members it is served to, and whether each gets the listing.
-    to: HashMap<PeerId, bool>,
+    /// Members it is served to: whether each still gets the listing, and the sketch cosine of
+    /// its push with the hub's own packet (the member keeps it as its anchor: the merge header
+    /// carries no embedding).
+    to: HashMap<PeerId, (bool, f32)>,
 }
 
 /// What one of the driver's network operations brought back.
@@ -232,9 +234,6 @@ pub struct HubDriver {
     /// Answers to pushes already answered (a refusal at the admission's close): given to the
     /// pusher's merge fetch.
     later: HashMap<(PeerId, u64), HubAnswer>,
-    /// Sketch cosines of pushes with the node's own, by pusher and round: served back with the
-    /// merge, where the member keeps it as its anchor (the merge header carries no embedding).
-    cosines: HashMap<(PeerId, u64), f32>,
     /// Operations in flight.
     ops: FuturesUnordered<BoxFuture<'static, Event>>,
     /// Merge fetches in flight, by hub and round.
@@ -308,7 +307,6 @@ impl HubDriver {
             parked: HashMap::new(),
             served: BTreeMap::new(),
             later: HashMap::new(),
-            cosines: HashMap::new(),
             ops: FuturesUnordered::new(),
             polling: HashSet::new(),
             current: None,
@@ -354,7 +352,6 @@ impl HubDriver {
         self.blobs.clear();
         self.served.retain(|&r, _| r + 1 >= round);
         self.later.retain(|&(_, r), _| r + 1 >= round);
-        self.cosines.retain(|&(_, r), _| r + 1 >= round);
         // A push the core never answered (its round is over) is dropped: its stream closes.
         self.pushes.retain(|&(_, r), _| r + 1 >= round);
         let packet = self.put(Blob::Own {
@@ -775,7 +772,10 @@ impl HubDriver {
                     header: header.clone(),
                     body: body.clone(),
                     listed: listed.into_iter().map(|(p, _)| p).collect(),
-                    to: to.into_iter().collect(),
+                    to: to
+                        .into_iter()
+                        .map(|r| (r.peer, (r.listed, r.cosine)))
+                        .collect(),
                 };
                 let waiting: Vec<_> = self
                     .parked
@@ -850,7 +850,6 @@ impl HubDriver {
                     .as_ref()
                     .map_or(0.0, |(own, _)| own.header().embedding.cosine(&h.embedding));
                 let samples = h.samples;
-                self.cosines.insert((peer, round), cosine);
                 let handle = self.put(Blob::Pushed { update, samples });
                 if let Some(old) = self.pushes.insert((peer, round), reply) {
                     old.answer(&HubAnswer::Busy);
@@ -904,18 +903,12 @@ impl HubDriver {
         let Some(s) = self.served.get_mut(&round) else {
             return reply.not_ready();
         };
-        let listed = match s.to.get_mut(&peer) {
-            Some(listed) => std::mem::replace(listed, false),
+        let (listed, cosine) = match s.to.get_mut(&peer) {
+            Some((listed, cosine)) => (std::mem::replace(listed, false), *cosine),
             None => return reply.not_ready(),
         };
         self.stats.merge_bytes += (s.header.len() + s.body.len()) as u64;
         let names: &[PeerId] = if listed { &s.listed } else { &[] };
-        // Every member served pushed this round: its cosine was kept when the push came.
-        let cosine = self
-            .cosines
-            .get(&(peer, round))
-            .copied()
-            .unwrap_or_default();
         reply.merge(s.header.clone(), s.body.clone(), cosine, names);
     }
 

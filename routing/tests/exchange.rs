@@ -409,17 +409,16 @@ impl Net {
                     },
                     other => other,
                 };
-                for (m, fresh) in to {
-                    if self.is_up(m) {
-                        let cosine = self.cosine(m, i);
+                for r in to {
+                    if self.is_up(r.peer) {
                         let input = Input::MergeReceived {
                             from: i,
                             round,
                             merge: merge.clone(),
-                            cosine,
-                            listed: if fresh { listed.clone() } else { Vec::new() },
+                            cosine: r.cosine,
+                            listed: if r.listed { listed.clone() } else { Vec::new() },
                         };
-                        self.send(m, input);
+                        self.send(r.peer, input);
                     }
                 }
             }

@@ -2,7 +2,7 @@
 //! serves.
 
 use super::Exchange;
-use super::io::{Answer, Apply, Millis, Output, Role, Ticket};
+use super::io::{Answer, Apply, Millis, Output, Recipient, Role, Ticket};
 use super::round::{PushIn, Served, Step, Sub};
 
 impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
@@ -277,13 +277,13 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
         for p in admitted {
             self.view
                 .learn(std::iter::once((p.from.clone(), p.rank)).chain(p.known));
-            members.push(p.from);
+            members.push((p.from, p.cosine));
         }
         self.joined = Some(own.clone());
         self.view.merged(nearest);
         let (to, listed) = self.listing(&members);
-        self.mates.clone_from(&members);
-        self.served_last.clone_from(&members);
+        self.mates = members.iter().map(|(p, _)| p.clone()).collect();
+        self.served_last.clone_from(&self.mates);
         if let Some(r) = self.round.as_mut() {
             r.served = Some(Served {
                 merge: merge.clone(),
@@ -302,7 +302,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
 
     /// What a (sub-)hub serving `members` lists: its view, to each member whose last listing
     /// is out of date (`true`).
-    fn listing(&mut self, members: &[P]) -> Listing<P> {
+    fn listing(&mut self, members: &[(P, f32)]) -> Listing<P> {
         let mut listed = self.view.listed(self.joined.as_ref());
         // In a tree, a sub-hub lists the lowest rank it knows too (its tree's root, as far as
         // it knows): a member new to the tree enters it at the top.
@@ -319,9 +319,10 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
         }
         let to = members
             .iter()
-            .map(|p| {
-                let fresh = self.listed_to.insert(p.clone(), version) != Some(version);
-                (p.clone(), fresh)
+            .map(|(p, cosine)| Recipient {
+                peer: p.clone(),
+                listed: self.listed_to.insert(p.clone(), version) != Some(version),
+                cosine: *cosine,
             })
             .collect();
         (to, listed)
@@ -374,7 +375,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
         for p in children {
             self.view
                 .learn(std::iter::once((p.from.clone(), p.rank)).chain(p.known));
-            ids.push(p.from);
+            ids.push((p.from, p.cosine));
         }
         let Some(r) = self.round.as_mut() else { return };
         r.sub = Sub::Up {
@@ -398,9 +399,9 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
 
     /// A sub-hub's round ends with `down` to apply (its hub's merge, or, when none came, its
     /// children's merge): its children get it.
-    pub(super) fn serve_children(&mut self, round: u64, down: M, children: Vec<P>) {
+    pub(super) fn serve_children(&mut self, round: u64, down: M, children: Vec<(P, f32)>) {
         let (to, listed) = self.listing(&children);
-        self.served_last.clone_from(&children);
+        self.served_last = children.iter().map(|(p, _)| p.clone()).collect();
         if let Some(r) = self.round.as_mut() {
             r.served = Some(Served {
                 merge: down.clone(),
@@ -424,12 +425,18 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             .as_ref()
             .filter(|r| r.number == round)
             .and_then(|r| r.served.as_ref())
-            .filter(|s| s.members.contains(&from))
         else {
             return;
         };
+        let Some(&(_, cosine)) = served.members.iter().find(|(p, _)| *p == from) else {
+            return;
+        };
         self.out.push_back(Output::ServeMerge {
-            to: vec![(from, true)],
+            to: vec![Recipient {
+                peer: from,
+                listed: true,
+                cosine,
+            }],
             round,
             merge: served.merge.clone(),
             listed: served.listed.clone(),
@@ -456,7 +463,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
 }
 
 /// Whom a (sub-)hub serves, each with whether it gets the listing, and the listing.
-type Listing<P> = (Vec<(P, bool)>, Vec<(P, u64)>);
+type Listing<P> = (Vec<Recipient<P>>, Vec<(P, u64)>);
 
 /// Hold `push` for the round's admission (a pusher's newer push replaces its older one), or,
 /// when `max` are held, name one of them to push to (in a tree, `Some` of the peers served

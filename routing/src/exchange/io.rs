@@ -288,6 +288,19 @@ pub struct RoundReport<P, M> {
     pub missed: bool,
 }
 
+/// A member a hub serves its merge to ([`Output::ServeMerge`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Recipient<P> {
+    /// The member.
+    pub peer: P,
+    /// Whether it gets the hub's listing (the others got this view with an earlier merge, and
+    /// get an empty one).
+    pub listed: bool,
+    /// The sketch cosine of its push with the hub's own packet, as the hub admitted it
+    /// ([`Input::PushReceived`]): served back with the merge, the member's anchor.
+    pub cosine: f32,
+}
+
 /// An action the driver must carry out.
 #[derive(Debug, Clone)]
 #[must_use = "outputs must be carried out by the driver"]
@@ -376,9 +389,8 @@ pub enum Output<P, M> {
     },
     /// Send the merge to the admitted members, with the hub's view.
     ServeMerge {
-        /// The members, each with whether it gets `listed` (the others got this view with an
-        /// earlier merge, and get an empty listing).
-        to: Vec<(P, bool)>,
+        /// The members: each with whether it gets `listed` and its push's cosine.
+        to: Vec<Recipient<P>>,
         /// The round.
         round: u64,
         /// The merge.

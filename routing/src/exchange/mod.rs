@@ -138,7 +138,7 @@ use serde::{Deserialize, Serialize};
 use crate::Cohort;
 pub use config::{ExchangeConfig, Timing};
 pub use io::{
-    Answer, Apply, Input, MergeVerdict, Millis, ModelVerdict, Output, Role, RoundReport,
+    Answer, Apply, Input, MergeVerdict, Millis, ModelVerdict, Output, Recipient, Role, RoundReport,
     SeenHeader, Ticket,
 };
 use round::{Round, Step};

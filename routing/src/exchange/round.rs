@@ -89,8 +89,9 @@ pub(super) enum Sub<P, M> {
         ticket: Ticket,
         children: Vec<PushIn<P, M>>,
     },
-    /// That merge, pushed up in place of its packet; its children get the merge it applies.
-    Up { merge: M, children: Vec<P> },
+    /// That merge, pushed up in place of its packet; its children (with their pushes' cosines)
+    /// get the merge it applies.
+    Up { merge: M, children: Vec<(P, f32)> },
     /// No children this round (its level closed, or the round is past its push).
     Closed,
 }
@@ -146,7 +147,8 @@ pub(super) struct Round<P, M> {
 pub(super) struct Served<P, M> {
     pub(super) merge: M,
     pub(super) listed: Vec<(P, u64)>,
-    pub(super) members: Vec<P>,
+    /// The members, each with its push's cosine.
+    pub(super) members: Vec<(P, f32)>,
 }
 
 impl<P, M> Round<P, M> {

@@ -39,6 +39,15 @@ fn push(node: &mut Node, now: Millis, (from, rank): (u32, u64), packet: &'static
     );
 }
 
+/// Member `peer` served with the listing, its push having come at cosine 0.97.
+fn listed_at_097(peer: u32) -> Vec<Recipient<u32>> {
+    vec![Recipient {
+        peer,
+        listed: true,
+        cosine: 0.97,
+    }]
+}
+
 /// Hub `from`'s answer to the node's push of `round` arrives at `now`.
 fn answer(node: &mut Node, now: u64, from: u32, round: u64, answer: Answer<u32>) {
     node.handle(
@@ -198,7 +207,8 @@ fn a_member_joins_its_hub_and_applies_its_checked_merge() {
     let Some(Output::ServeMerge { to, listed, .. }) = out.first() else {
         panic!("{out:?}");
     };
-    assert_eq!(to, &vec![(2, true)]);
+    // The member gets the listing, and its push's cosine back: its anchor.
+    assert_eq!(to, &listed_at_097(2));
     assert_eq!(listed, &vec![(1, 10), (2, 20)]);
     assert_eq!(
         finished(&out).unwrap().apply,
@@ -696,7 +706,8 @@ fn a_hub_serves_its_merge_again_to_an_admitted_member_only() {
     let [Output::ServeMerge { to, merge: "m", .. }] = out.as_slice() else {
         panic!("{out:?}");
     };
-    assert_eq!(to, &vec![(2, true)]);
+    // Served again with the listing and the cosine its push came with.
+    assert_eq!(to, &listed_at_097(2));
 }
 
 #[test]
@@ -1356,7 +1367,7 @@ fn a_full_hub_names_a_member_that_merges_its_child_and_passes_the_hubs_merge_dow
     let out = drain(&mut sub);
     assert!(out.iter().any(|o| matches!(
         o,
-        Output::ServeMerge { to, merge: "m1", .. } if to.iter().any(|(p, _)| *p == 3)
+        Output::ServeMerge { to, merge: "m1", .. } if to.iter().any(|r| r.peer == 3)
     )));
     let report = finished(&out).unwrap();
     assert_eq!(

@@ -443,16 +443,16 @@ impl Driver<'_> {
                 to, merge, listed, ..
             } => {
                 let listing = listed.len() * (PEER_ID_BYTES + 1);
-                for (member, fresh) in to {
-                    let bytes = self.sizes.merge + if fresh { listing } else { 0 };
+                for r in to {
+                    let bytes = self.sizes.merge + if r.listed { listing } else { 0 };
                     let input = Input::MergeReceived {
                         from: id,
                         round: self.round,
                         merge,
-                        cosine: self.cosine(swarm, member, id),
-                        listed: if fresh { listed.clone() } else { Vec::new() },
+                        cosine: r.cosine,
+                        listed: if r.listed { listed.clone() } else { Vec::new() },
                     };
-                    self.send(now, member, input, bytes);
+                    self.send(now, r.peer, input, bytes);
                 }
             }
             Output::FetchMerge { hub, round } => {

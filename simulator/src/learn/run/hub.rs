@@ -800,14 +800,15 @@ impl Driver<'_, '_, '_, '_> {
                     _ => (0, 0),
                 };
                 let full = Self::peer_list(hubs, &listed);
-                for (member, fresh) in to {
+                for r in to {
+                    let (member, fresh) = (r.peer, r.listed);
                     let request = RpcRequest::GetMerge {
                         id: self.request_id(),
                         round,
                     }
                     .encoded_len();
                     // The hub's cosine with the member's push, as the wire carries it.
-                    let cosine = SketchCosine::from_f32(self.cosine(member, i));
+                    let cosine = SketchCosine::from_f32(r.cosine);
                     let response = RpcResponse::Merge {
                         id: self.request_id(),
                         header: vec![0; header],
