@@ -50,7 +50,7 @@ use kindred_proto::rpc::{PushAnswer, RequestId, RpcRequest, RpcResponse, SketchC
 use kindred_proto::{Embedding, HeaderFields, SIMHASH_BITS, SimHash, seal};
 use kindred_routing::exchange::{
     Answer, Apply, Exchange, ExchangeConfig, Input, MergeVerdict, Millis, ModelVerdict, Output,
-    Role, SeenHeader, Snapshot, Ticket,
+    Recipient, Role, SeenHeader, Snapshot, Ticket,
 };
 use kindred_trainer::{Model, ModelError};
 use libp2p_identity::ed25519;
@@ -800,15 +800,19 @@ impl Driver<'_, '_, '_, '_> {
                     _ => (0, 0),
                 };
                 let full = Self::peer_list(hubs, &listed);
-                for r in to {
-                    let (member, fresh) = (r.peer, r.listed);
+                for Recipient {
+                    peer: member,
+                    listed: fresh,
+                    cosine,
+                } in to
+                {
                     let request = RpcRequest::GetMerge {
                         id: self.request_id(),
                         round,
                     }
                     .encoded_len();
                     // The hub's cosine with the member's push, as the wire carries it.
-                    let cosine = SketchCosine::from_f32(r.cosine);
+                    let cosine = SketchCosine::from_f32(cosine);
                     let response = RpcResponse::Merge {
                         id: self.request_id(),
                         header: vec![0; header],
