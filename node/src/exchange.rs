@@ -50,7 +50,8 @@ use kindred_routing::exchange::{
 };
 use kindred_routing::{
     ExchangeCall, ExchangeError, ExchangeReply, HubAnswer, InboundCall, InboundExchange,
-    PartnerQuery, PushedPacket, RoutingHandle, SnapshotError, hub_rank_at, relay_only_rank,
+    PartnerQuery, PushedPacket, RoutingHandle, ServedWith, SnapshotError, hub_rank_at,
+    relay_only_rank,
 };
 use libp2p::PeerId;
 use serde::{Deserialize, Serialize};
@@ -135,6 +136,8 @@ struct Served {
     /// its push with the hub's own packet (the member keeps it as its anchor: the merge header
     /// carries no embedding).
     to: HashMap<PeerId, (bool, f32)>,
+    /// The lineage of the hub's model, served with the merge.
+    lineage: u64,
 }
 
 /// What one of the driver's network operations brought back.
@@ -755,6 +758,7 @@ impl HubDriver {
                 to,
                 round,
                 merge,
+                lineage,
                 listed,
             } => {
                 let Some(Blob::Merge {
@@ -776,6 +780,7 @@ impl HubDriver {
                         .into_iter()
                         .map(|r| (r.peer, (r.listed, r.cosine)))
                         .collect(),
+                    lineage,
                 };
                 let waiting: Vec<_> = self
                     .parked
@@ -909,7 +914,11 @@ impl HubDriver {
         };
         self.stats.merge_bytes += (s.header.len() + s.body.len()) as u64;
         let names: &[PeerId] = if listed { &s.listed } else { &[] };
-        reply.merge(s.header.clone(), s.body.clone(), cosine, names);
+        let with = ServedWith {
+            cosine,
+            lineage: s.lineage,
+        };
+        reply.merge(s.header.clone(), s.body.clone(), with, names);
     }
 
     fn poll_merge(&mut self, hub: PeerId, round: u64) {
@@ -1005,13 +1014,14 @@ impl HubDriver {
                 reply,
             } => {
                 self.polling.remove(&(from, round));
-                let (merge, bytes, cosine, listed) = match reply {
+                let (merge, bytes, cosine, lineage, listed) = match reply {
                     Ok(ExchangeReply::Merge {
                         merge,
                         bytes,
                         cosine,
+                        lineage,
                         listed,
-                    }) => (merge, bytes, cosine, listed),
+                    }) => (merge, bytes, cosine, lineage, listed),
                     Ok(ExchangeReply::Answer(answer)) => {
                         let answer = self.core_answer(answer);
                         self.core.handle(
@@ -1058,6 +1068,7 @@ impl HubDriver {
                         round,
                         merge: handle,
                         cosine,
+                        lineage,
                         listed,
                     },
                 );

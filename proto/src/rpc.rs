@@ -85,8 +85,8 @@ pub const MAX_REQUEST_BYTES: usize = 16 * 1024;
 
 /// Bytes of framing a `Push` or `Merge` adds to its header, body and peer list, rounded up: tag,
 /// id and round varints (10 bytes each at most), the header, body and list length varints, and a
-/// merge's cosine.
-const PACKET_FRAMING: usize = 32;
+/// merge's cosine and lineage (10 bytes at most).
+const PACKET_FRAMING: usize = 48;
 
 /// Encoded bytes of a full peer list: each entry is a one-byte length and at most
 /// [`MAX_PEER_ID_BYTES`]; the count's varint is in [`PACKET_FRAMING`].
@@ -359,6 +359,9 @@ pub enum RpcResponse {
         /// The hub's sketch cosine with the member's push (the merge header carries no
         /// embedding).
         cosine: SketchCosine,
+        /// The lineage of the hub's model: a member whose model is of another lineage fetches
+        /// it again (`kindred_routing::exchange::Exchange::lineage`).
+        lineage: u64,
         /// The peers of the hub's view it lists, each an encoded `PeerId` (non-empty, at most
         /// [`MAX_PEER_ID_BYTES`]); at most [`MAX_KNOWN_PEERS`] of them.
         listed: Vec<Vec<u8>>,
@@ -553,6 +556,7 @@ enum WireResponse<'a> {
         header: &'a [u8],
         body: &'a [u8],
         cosine: i16,
+        lineage: u64,
         count: u32,
     },
 }
@@ -1002,12 +1006,14 @@ impl RpcResponse {
                 header,
                 body,
                 cosine,
+                lineage,
                 listed,
             } => {
                 1 + varint_len(id.0)
                     + byte_string_len(header)
                     + byte_string_len(body)
                     + varint_len(zigzag(cosine.0))
+                    + varint_len(*lineage)
                     + peer_list_len(listed)
             }
         }
@@ -1111,6 +1117,7 @@ impl RpcResponse {
                 header,
                 body,
                 cosine,
+                lineage,
                 listed,
             } => {
                 let wire = WireResponse::Merge {
@@ -1118,6 +1125,7 @@ impl RpcResponse {
                     header,
                     body,
                     cosine: cosine.0,
+                    lineage: *lineage,
                     // Checked against MAX_KNOWN_PEERS above.
                     count: listed.len() as u32,
                 };
@@ -1210,6 +1218,7 @@ impl RpcResponse {
                 header,
                 body,
                 cosine,
+                lineage,
                 count,
             } => {
                 check_received_packet(header, body)?;
@@ -1224,6 +1233,7 @@ impl RpcResponse {
                     header: header.to_vec(),
                     body: body.to_vec(),
                     cosine,
+                    lineage,
                     listed,
                 }
             }
@@ -1334,6 +1344,7 @@ mod tests {
             header: std::mem::take(header),
             body: std::mem::take(body),
             cosine: SketchCosine::from_f32(-1.0),
+            lineage: u64::MAX,
             listed: std::mem::take(known),
         };
         let bytes = merge.encode().unwrap_or_default();

@@ -129,15 +129,19 @@ fn arb_response() -> impl Strategy<Value = RpcResponse> {
             arb_header(),
             vec(any::<u8>(), 0..2000),
             -10_000i16..=10_000,
+            any::<u64>(),
             arb_peers()
         )
-            .prop_map(|(id, header, body, cosine, listed)| RpcResponse::Merge {
-                id: RequestId(id),
-                header,
-                body,
-                cosine: SketchCosine::from_permyriad(cosine).unwrap_or_default(),
-                listed,
-            }),
+            .prop_map(
+                |(id, header, body, cosine, lineage, listed)| RpcResponse::Merge {
+                    id: RequestId(id),
+                    header,
+                    body,
+                    cosine: SketchCosine::from_permyriad(cosine).unwrap_or_default(),
+                    lineage,
+                    listed,
+                }
+            ),
     ]
 }
 
@@ -484,10 +488,10 @@ fn push_prefix() -> Vec<u8> {
     vec![5u8, 1, 1, 0, 0]
 }
 
-/// A merge response's fixed part (tag 5, id 1, an empty header and body, cosine 0), ready for
-/// its list.
+/// A merge response's fixed part (tag 5, id 1, an empty header and body, cosine 0, lineage 0),
+/// ready for its list.
 fn merge_prefix() -> Vec<u8> {
-    vec![5u8, 1, 0, 0, 0]
+    vec![5u8, 1, 0, 0, 0, 0]
 }
 
 fn push_with(known: Vec<Vec<u8>>) -> RpcRequest {
@@ -506,6 +510,7 @@ fn merge_with(listed: Vec<Vec<u8>>) -> RpcResponse {
         header: vec![],
         body: vec![],
         cosine: SketchCosine::default(),
+        lineage: 0,
         listed,
     }
 }
@@ -567,6 +572,7 @@ fn hub_exchange_messages_round_trip() {
         header: vec![0xaa; 300],
         body: vec![0xbb; 7000],
         cosine: SketchCosine::from_f32(-0.25),
+        lineage: u64::MAX,
         listed: vec![vec![0x55; 38]; 40],
     });
     responses.push(merge_with(vec![]));
@@ -606,6 +612,7 @@ fn hub_exchange_encodings_are_pinned() {
         header: vec![0xaa],
         body: vec![],
         cosine: SketchCosine::from_f32(0.97),
+        lineage: 300,
         listed: vec![vec![0x10]],
     };
     let requests: [(&RpcRequest, &str); 3] = [
@@ -633,7 +640,7 @@ fn hub_exchange_encodings_are_pinned() {
             "04 07 04 00",
         ),
         (answer(PushAnswer::Refused { foreign: true }), "04 07 04 01"),
-        (merge, "05 07 01aa 00 c89701 01 0110"),
+        (merge, "05 07 01aa 00 c89701 ac02 01 0110"),
         (
             RpcResponse::Error {
                 id: RequestId(7),
@@ -658,7 +665,7 @@ fn a_merge_cosine_out_of_range_is_refused() {
     let merge = |permyriad: i16| {
         let mut bytes = vec![5u8, 7, 1, 0xaa, 0];
         bytes.extend(postcard::to_allocvec(&permyriad).unwrap());
-        bytes.extend([0]);
+        bytes.extend([0, 0]);
         RpcResponse::decode(&bytes, MAX_RESPONSE_BYTES)
     };
     for edge in [-10_000, 0, 10_000] {
@@ -896,6 +903,7 @@ fn pushed_and_merged_packets_keep_their_limits() {
         header: vec![],
         body: vec![0; MAX_BODY_BYTES + 1],
         cosine: SketchCosine::default(),
+        lineage: 0,
         listed: vec![],
     };
     assert!(matches!(
@@ -918,6 +926,7 @@ fn pushed_and_merged_packets_keep_their_limits() {
         header: vec![],
         body: vec![0; MAX_PUSH_ANSWER_BYTES],
         cosine: SketchCosine::default(),
+        lineage: 0,
         listed: vec![],
     }
     .encode()

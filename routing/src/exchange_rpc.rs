@@ -100,6 +100,8 @@ pub enum ExchangeReply {
         /// The hub's sketch cosine with the node's push, in [−1, 1] (its anchor:
         /// [`crate::Cohort::merged`]).
         cosine: f32,
+        /// The lineage of the hub's model ([`crate::exchange::Exchange::lineage`]).
+        lineage: u64,
         /// The peers the hub listed.
         listed: Vec<PeerId>,
     },
@@ -152,6 +154,15 @@ pub struct InboundExchange {
     pub reply: ExchangeResponder,
 }
 
+/// What a hub serves with a merge besides the merge and its view.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ServedWith {
+    /// The hub's sketch cosine with the member's push.
+    pub cosine: f32,
+    /// The lineage of the hub's model ([`crate::exchange::Exchange::lineage`]).
+    pub lineage: u64,
+}
+
 /// Answers one inbound exchange request; each answer consumes it.
 #[derive(Debug)]
 pub struct ExchangeResponder {
@@ -180,15 +191,16 @@ impl ExchangeResponder {
     }
 
     /// Serve a merge (sealed with [`kindred_proto::seal_merge`]), the hub's sketch cosine with
-    /// the member's push, and the listed peers.
-    pub fn merge(self, header: Vec<u8>, body: Vec<u8>, cosine: f32, listed: &[PeerId]) {
+    /// the member's push, the lineage of the hub's model, and the listed peers.
+    pub fn merge(self, header: Vec<u8>, body: Vec<u8>, served: ServedWith, listed: &[PeerId]) {
         let id = self.id;
         let listed = listed.iter().map(|p| p.to_bytes()).collect();
         self.send(RpcResponse::Merge {
             id,
             header,
             body,
-            cosine: SketchCosine::from_f32(cosine),
+            cosine: SketchCosine::from_f32(served.cosine),
+            lineage: served.lineage,
             listed,
         });
     }
@@ -381,6 +393,7 @@ impl RoutingCore {
                     header,
                     body,
                     cosine,
+                    lineage,
                     listed,
                     ..
                 },
@@ -405,6 +418,7 @@ impl RoutingCore {
                     merge: Box::new(merge),
                     bytes,
                     cosine: cosine.to_f32(),
+                    lineage,
                     listed,
                 })
             }

@@ -76,7 +76,7 @@ pub use core::{AnnounceError, AnnounceId, AnnounceReport, Output, RequestFailure
 pub use discovery::{Discovery, Follower, RoundPlan};
 pub use exchange_rpc::{
     ExchangeCall, ExchangeCallId, ExchangeError, ExchangeReply, ExchangeResponder, HubAnswer,
-    InboundCall, InboundExchange, PushedPacket,
+    InboundCall, InboundExchange, PushedPacket, ServedWith,
 };
 pub use handle::{
     BootstrapError, DialError, NodeInfo, ReplayMark, RoutingEvent, RoutingHandle, SpawnError, spawn,

@@ -1103,7 +1103,7 @@ fn a_search_that_only_meets_peers_ranks_their_earlier_headers_of_the_window() {
 /// sketch cosine with the member's push, which the reply hands on; a merge of another round is a
 /// replay.
 #[test]
-fn a_merge_reply_carries_the_hubs_cosine_and_a_merge_of_another_round_is_refused() {
+fn a_merge_reply_carries_the_hubs_cosine_and_lineage_and_a_merge_of_another_round_is_refused() {
     use kindred_proto::rpc::SketchCosine;
     use kindred_proto::{DenseValues, Embedding, HeaderFields, LayerPayload, PacketBody};
     use kindred_routing::{ExchangeCall, ExchangeError, ExchangeReply};
@@ -1149,6 +1149,7 @@ fn a_merge_reply_carries_the_hubs_cosine_and_a_merge_of_another_round_is_refused
             header: merge.header_bytes.clone(),
             body: merge.body_bytes.clone(),
             cosine: SketchCosine::from_f32(0.9731),
+            lineage: 0xFEED_0000_0000_0001,
             listed: vec![],
         };
         member.handle_response(hub, request.id(), Ok(response), now);
@@ -1163,9 +1164,13 @@ fn a_merge_reply_carries_the_hubs_cosine_and_a_merge_of_another_round_is_refused
     let merge = merge_of(7);
     match fetch(7, &merge) {
         Ok(ExchangeReply::Merge {
-            cosine, merge: m, ..
+            cosine,
+            lineage,
+            merge: m,
+            ..
         }) => {
             assert!((cosine - 0.9731).abs() < 1e-6, "{cosine}");
+            assert_eq!(lineage, 0xFEED_0000_0000_0001);
             assert!(m.header.header().embedding.sketch.is_empty());
             assert_eq!(m.header.header().round, 7);
         }

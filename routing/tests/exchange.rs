@@ -395,6 +395,7 @@ impl Net {
                 to,
                 round,
                 merge,
+                lineage,
                 listed,
             } => {
                 // A hostile sub-hub poisons the merge it passes down.
@@ -416,6 +417,7 @@ impl Net {
                             round,
                             merge: merge.clone(),
                             cosine: r.cosine,
+                            lineage,
                             listed: if r.listed { listed.clone() } else { Vec::new() },
                         };
                         self.send(r.peer, input);

@@ -295,6 +295,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             to,
             round,
             merge: merge.clone(),
+            lineage: self.lineage,
             listed,
         });
         self.finish(Apply::Merge { merge, adopt: None }, false);
@@ -413,6 +414,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             to,
             round,
             merge: down,
+            lineage: self.lineage,
             listed,
         });
     }
@@ -439,6 +441,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             }],
             round,
             merge: served.merge.clone(),
+            lineage: self.lineage,
             listed: served.listed.clone(),
         });
     }

@@ -199,6 +199,8 @@ pub enum Input<P, M> {
         /// The hub's sketch cosine with the node's push (its embedding against the hub's own),
         /// as the merge response carries it ([`kindred_proto::rpc::SketchCosine`]).
         cosine: f32,
+        /// The lineage of the hub's model ([`Exchange::lineage`](super::Exchange::lineage)).
+        lineage: u64,
         /// The hub's view ([`crate::Cohort::listed`]), ranks recomputed by the driver.
         listed: Vec<(P, u64)>,
     },
@@ -395,6 +397,9 @@ pub enum Output<P, M> {
         round: u64,
         /// The merge.
         merge: M,
+        /// The lineage of the hub's model, which members compare with their own
+        /// ([`Exchange::lineage`](super::Exchange::lineage)).
+        lineage: u64,
         /// The hub's view ([`crate::Cohort::listed`]), at most
         /// [`super::ExchangeConfig::max_listed`] peers, the lowest ranks first.
         listed: Vec<(P, u64)>,

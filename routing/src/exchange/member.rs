@@ -140,8 +140,12 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
         }
         let is_own = self.view.is_own(&hub);
         let rank = self.rank_of(&hub);
-        // A node back after missing rounds joins anew (its model is behind its hub's).
-        let joined = self.joined.as_ref() == Some(&hub) && !self.catching_up();
+        // A node back after missing rounds joins anew (its model is behind its hub's), and so
+        // does one whose model is of another lineage than its hub's (`Exchange::lineage`).
+        let member = self.joined.as_ref() == Some(&hub) && !self.catching_up();
+        let joined = member && !self.rebase;
+        // In a tree, one that fetches its own hub's model again keeps its place and children.
+        let rebase_in_tree = member && self.rebase && self.config.fanout.is_some();
         let collect = self.config.timing.collect_permille;
         let answer_ms = self.config.timing.answer_ms;
         let Some(r) = self.round.as_mut().filter(|r| !r.is_done()) else {
@@ -175,6 +179,15 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             }
             self.push(now, Joining::Member);
         } else {
+            if rebase_in_tree {
+                let close = self.config.timing.close_permille(self.depth.max(1));
+                if let Some(r) = self.round.as_mut() {
+                    r.depth = self.depth.max(1);
+                    if !r.pushes.is_empty() && matches!(r.sub, Sub::Open) {
+                        r.sub_close = Some(r.at(close));
+                    }
+                }
+            }
             // Pushes it holds stay held until its data accepts the new hub's model: a hint
             // names only a hub the node checked, or a cohort follows it into another task's
             // hub and pays a model fetch each (`kindred-sim learn --setting rotation`: 60 KB
@@ -416,9 +429,15 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
         let model = model.clone();
         match verdict {
             ModelVerdict::Adopt | ModelVerdict::Keep => {
-                let rank = self.rank_of(&hub);
-                self.redirect_held(&hub, rank);
-                let joining = if verdict == ModelVerdict::Adopt {
+                // A member fetching its own hub's model again (another lineage's merge came):
+                // its data accepts the model of the merges it applies, so it takes it; in a
+                // tree it keeps its children.
+                let rebase = self.rebase && self.joined.as_ref() == Some(&hub);
+                if !(rebase && self.config.fanout.is_some()) {
+                    let rank = self.rank_of(&hub);
+                    self.redirect_held(&hub, rank);
+                }
+                let joining = if verdict == ModelVerdict::Adopt || rebase {
                     Joining::Adopt(model)
                 } else {
                     Joining::Keep
@@ -618,7 +637,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
         from: P,
         round: u64,
         merge: M,
-        cosine: f32,
+        (cosine, lineage): (f32, u64),
         listed: Vec<(P, u64)>,
     ) {
         let by_data_from = self.config.data_checks_from;
@@ -646,6 +665,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             ticket,
             merge: merge.clone(),
             cosine,
+            lineage,
             listed,
         });
         self.out.push_back(Output::CheckMerge {
@@ -661,7 +681,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
         &mut self,
         joining: Joining<M>,
         merge: M,
-        cosine: f32,
+        (cosine, lineage): (f32, u64),
         listed: Vec<(P, u64)>,
         verdict: MergeVerdict,
     ) {
@@ -670,10 +690,20 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             MergeVerdict::Pass => {
                 let told = self.round.as_ref().map_or(0, |r| r.told_version);
                 self.told = Some((hub.clone(), told));
+                let member = matches!(joining, Joining::Member);
                 let adopt = match joining {
                     Joining::Adopt(model) => Some(model),
                     Joining::Member | Joining::Keep => None,
                 };
+                if member {
+                    // A merge of another lineage: its model is not its hub's, and never
+                    // becomes it by merges alone. It fetches the hub's model next round.
+                    self.rebase = lineage != self.lineage;
+                } else {
+                    // It took the hub's model, or its data chose to keep its own.
+                    self.lineage = lineage;
+                    self.rebase = false;
+                }
                 if !listed.is_empty() {
                     self.mates = listed.iter().map(|(p, _)| p.clone()).collect();
                 } else if self.joined.as_ref() != Some(&hub) {

@@ -59,6 +59,8 @@ pub(super) enum Step<P, M> {
         ticket: Ticket,
         merge: M,
         cosine: f32,
+        /// The lineage its hub served with it.
+        lineage: u64,
         listed: Vec<(P, u64)>,
     },
     /// A hub taking pushes.

@@ -224,6 +224,7 @@ fn a_member_joins_its_hub_and_applies_its_checked_merge() {
             round: 0,
             merge: "merge",
             cosine: 0.97,
+            lineage: member.lineage(),
             listed: listed.clone(),
         },
     );
@@ -300,6 +301,7 @@ fn a_hub_whose_merge_fails_is_banned_at_once_and_joined_anew_when_its_ban_ends()
             round: 4,
             merge: "lie",
             cosine: 0.97,
+            lineage: member.lineage(),
             listed: Vec::new(),
         },
     );
@@ -631,11 +633,13 @@ fn a_member_pushes_again_asks_for_its_merge_and_names_its_view_once() {
         drain(&mut member).as_slice(),
         [Output::FetchMerge { hub: 1, round: 1 }]
     ));
+    let lineage = member.lineage();
     let merge = |round| Input::MergeReceived {
         from: 1,
         round,
         merge: "m",
         cosine: 0.9,
+        lineage,
         listed: Vec::new(),
     };
     member.handle(Millis(1_850), merge(1));
@@ -967,6 +971,7 @@ fn a_hub_back_after_missing_rounds_takes_its_next_ranks_model_then_heads_again()
             round: back,
             merge: "merge",
             cosine: 0.97,
+            lineage: node.lineage(),
             listed: vec![(2, 20)],
         },
     );
@@ -1359,6 +1364,7 @@ fn a_full_hub_names_a_member_that_merges_its_child_and_passes_the_hubs_merge_dow
             round: 5,
             merge: "m1",
             cosine: 0.99,
+            lineage: sub.lineage(),
             listed: Vec::new(),
         },
     );
@@ -1387,6 +1393,7 @@ fn a_full_hub_names_a_member_that_merges_its_child_and_passes_the_hubs_merge_dow
             round: 5,
             merge: "m1",
             cosine: 0.99,
+            lineage: leaf.lineage(),
             listed: vec![(1, 10), (2, 20)],
         },
     );
@@ -1657,4 +1664,238 @@ fn a_member_that_heads_within_the_round_tells_its_children_their_new_depth() {
         answered(&drain(&mut node), 4),
         Some(Answer::Accepted { depth: 0 })
     );
+}
+
+/// Round `round` of member `node`: its hub `hub` accepts its push and serves `merge` of
+/// `lineage`, which passes the member's checks. The outputs before the merge came, and the
+/// round's report.
+fn merged_round(
+    node: &mut Node,
+    round: u64,
+    hub: u32,
+    merge: &'static str,
+    lineage: u64,
+) -> (
+    Vec<Output<u32, &'static str>>,
+    RoundReport<u32, &'static str>,
+) {
+    let t = round * 1_000;
+    let before = start(node, round, "own");
+    answer(node, t + 10, hub, round, Answer::Accepted { depth: 0 });
+    node.handle(
+        Millis(t + 500),
+        Input::MergeReceived {
+            from: hub,
+            round,
+            merge,
+            cosine: 0.97,
+            lineage,
+            listed: Vec::new(),
+        },
+    );
+    let Some(Output::CheckMerge { ticket, .. }) = node.poll_output() else {
+        panic!("the merge is checked");
+    };
+    node.handle(
+        Millis(t + 510),
+        Input::MergeChecked {
+            ticket,
+            verdict: MergeVerdict::Pass,
+        },
+    );
+    let report = finished(&drain(node)).expect("the round ends with the merge");
+    (before, report)
+}
+
+#[test]
+fn a_member_handed_another_lineages_merge_takes_its_hubs_model_next_round() {
+    let mut member = Node::new(2, 20, config());
+    member.view.learn([(1, 10)]);
+    member.joined = Some(1);
+    let hub_lineage = member.lineage() ^ 1;
+    // Round 0: a member of hub 1 already, it pushes at once and applies the merge, of a
+    // lineage that is not its model's.
+    let (before, report) = merged_round(&mut member, 0, 1, "m0", hub_lineage);
+    assert!(pushes_to(&before, 1), "{before:?}");
+    assert_eq!(
+        report.apply,
+        Apply::Merge {
+            merge: "m0",
+            adopt: None
+        }
+    );
+    assert_ne!(member.lineage(), hub_lineage);
+    // Round 1: it fetches its hub's model before it pushes, as when it joined.
+    let out = start(&mut member, 1, "own");
+    let Some(&Output::FetchModel { ticket, hub: 1 }) = out.first() else {
+        panic!("{out:?}");
+    };
+    member.handle(
+        Millis(1_050),
+        Input::ModelReceived {
+            ticket,
+            model: Some("hub model"),
+        },
+    );
+    let Some(Output::CheckModel { ticket, .. }) = member.poll_output() else {
+        panic!("the model is checked on the member's data");
+    };
+    // Its data accepts the model, though far from its own: it takes it all the same (the
+    // model of the merges it applies).
+    member.handle(
+        Millis(1_060),
+        Input::ModelChecked {
+            ticket,
+            verdict: ModelVerdict::Keep,
+        },
+    );
+    assert!(matches!(
+        drain(&mut member).as_slice(),
+        [Output::Push { to: 1, .. }]
+    ));
+    answer(&mut member, 1_070, 1, 1, Answer::Accepted { depth: 0 });
+    member.handle(
+        Millis(1_500),
+        Input::MergeReceived {
+            from: 1,
+            round: 1,
+            merge: "m1",
+            cosine: 0.97,
+            lineage: hub_lineage,
+            listed: Vec::new(),
+        },
+    );
+    let Some(Output::CheckMerge { ticket, .. }) = member.poll_output() else {
+        panic!("the merge is checked");
+    };
+    member.handle(
+        Millis(1_510),
+        Input::MergeChecked {
+            ticket,
+            verdict: MergeVerdict::Pass,
+        },
+    );
+    assert_eq!(
+        finished(&drain(&mut member)).unwrap().apply,
+        Apply::Merge {
+            merge: "m1",
+            adopt: Some("hub model")
+        }
+    );
+    assert_eq!(member.lineage(), hub_lineage);
+    // Round 2: one lineage with its hub: it pushes at once again.
+    let (before, _) = merged_round(&mut member, 2, 1, "m2", hub_lineage);
+    assert!(pushes_to(&before, 1), "{before:?}");
+    assert_eq!(member.lineage(), hub_lineage);
+}
+
+#[test]
+fn a_node_that_applies_its_own_update_takes_a_fresh_lineage_and_a_hub_serves_its_own() {
+    // No data check of the hub's own merge (round 1 would have one).
+    let cfg = ExchangeConfig {
+        data_checks_from: 5,
+        ..config()
+    };
+    let mut hub = Node::new(1, 10, cfg);
+    let first = hub.lineage();
+    // Round 0: nobody pushes; it applies its own update.
+    start(&mut hub, 0, "p0");
+    hub.handle(
+        Millis(5),
+        Input::SearchDone {
+            round: 0,
+            headers: Vec::new(),
+        },
+    );
+    hub.handle_timeout(Millis(600));
+    assert_eq!(finished(&drain(&mut hub)).unwrap().apply, Apply::Own("p0"));
+    let own = hub.lineage();
+    assert_ne!(own, first);
+    // Round 1: a member's push; the hub serves its merge with its lineage, which its own
+    // merge does not change.
+    start(&mut hub, 1, "p1");
+    hub.handle(
+        Millis(1_001),
+        Input::PushReceived {
+            from: 2,
+            rank: 20,
+            round: 1,
+            packet: "p2",
+            cosine: 0.97,
+            known: Vec::new(),
+            via: None,
+        },
+    );
+    hub.handle_timeout(Millis(1_600));
+    let ticket = drain(&mut hub)
+        .into_iter()
+        .find_map(|o| match o {
+            Output::Merge { ticket, .. } => Some(ticket),
+            _ => None,
+        })
+        .expect("the hub merges");
+    hub.handle(
+        Millis(1_650),
+        Input::MergeComputed {
+            ticket,
+            merge: Some("m"),
+        },
+    );
+    let out = drain(&mut hub);
+    let served = out.iter().find_map(|o| match o {
+        Output::ServeMerge { lineage, .. } => Some(*lineage),
+        _ => None,
+    });
+    assert_eq!(served, Some(own));
+    assert!(matches!(
+        finished(&out).unwrap().apply,
+        Apply::Merge { merge: "m", .. }
+    ));
+    assert_eq!(hub.lineage(), own);
+}
+
+#[test]
+fn a_sub_hub_that_takes_its_hubs_model_again_keeps_its_children() {
+    let mut sub = member_of_1(3, 30, 4);
+    let hub_lineage = sub.lineage() ^ 1;
+    // Round 0: the merge it applies is of another lineage.
+    let (_, report) = merged_round(&mut sub, 0, 1, "m0", hub_lineage);
+    assert!(matches!(report.apply, Apply::Merge { adopt: None, .. }));
+    // Round 1: it fetches hub 1's model; its child pushes meanwhile and is held as its child.
+    let out = start(&mut sub, 1, "own");
+    let Some(&Output::FetchModel { ticket, hub: 1 }) = out.first() else {
+        panic!("{out:?}");
+    };
+    assert_eq!(
+        answer_to_push(&mut sub, 1_020, (4, 40), "p4", None),
+        Some(Answer::Accepted { depth: 1 })
+    );
+    sub.handle(
+        Millis(1_050),
+        Input::ModelReceived {
+            ticket,
+            model: Some("hub model"),
+        },
+    );
+    let Some(Output::CheckModel { ticket, .. }) = sub.poll_output() else {
+        panic!("the model is checked");
+    };
+    sub.handle(
+        Millis(1_060),
+        Input::ModelChecked {
+            ticket,
+            verdict: ModelVerdict::Adopt,
+        },
+    );
+    // Its packet goes up; its child is not sent to hub 1.
+    let out = drain(&mut sub);
+    assert_eq!(pushed(&out, 1), Some(("own", None)));
+    assert_eq!(answered(&out, 4), None);
+    answer(&mut sub, 1_070, 1, 1, Answer::Accepted { depth: 0 });
+    // Its level closes: it merges its child with its own packet and pushes that up.
+    let close = sub.poll_timeout().expect("its level closes");
+    sub.handle_timeout(close);
+    let out = drain(&mut sub);
+    assert!(compute_merge(&mut sub, close.0 + 5, &out, "s1"));
+    assert_eq!(pushed(&drain(&mut sub), 1), Some(("s1", None)));
 }

@@ -122,6 +122,8 @@ impl Sizes {
                     body,
                     // A cosine within a task: 3 bytes, as any of magnitude ≥ 0.82.
                     cosine: SketchCosine::from_f32(0.97),
+                    // A lineage is a 64-bit hash: 10 bytes as a varint, mostly.
+                    lineage: u64::MAX,
                     listed: Vec::new(),
                 }
                 .encoded_len(),
@@ -440,7 +442,11 @@ impl Driver<'_> {
                 );
             }
             Output::ServeMerge {
-                to, merge, listed, ..
+                to,
+                merge,
+                lineage,
+                listed,
+                ..
             } => {
                 let listing = listed.len() * (PEER_ID_BYTES + 1);
                 for r in to {
@@ -450,6 +456,7 @@ impl Driver<'_> {
                         round: self.round,
                         merge,
                         cosine: r.cosine,
+                        lineage,
                         listed: if r.listed { listed.clone() } else { Vec::new() },
                     };
                     self.send(now, r.peer, input, bytes);

@@ -792,7 +792,11 @@ impl Driver<'_, '_, '_, '_> {
                 by_data,
             }),
             Output::ServeMerge {
-                to, merge, listed, ..
+                to,
+                merge,
+                lineage,
+                listed,
+                ..
             } => {
                 let merge = self.relay(i, merge);
                 let (header, body) = match self.blobs.get(merge as usize) {
@@ -818,6 +822,7 @@ impl Driver<'_, '_, '_, '_> {
                         header: vec![0; header],
                         body: vec![0; body],
                         cosine,
+                        lineage,
                         listed: if fresh { full.clone() } else { Vec::new() },
                     }
                     .encoded_len();
@@ -831,6 +836,7 @@ impl Driver<'_, '_, '_, '_> {
                         round,
                         merge,
                         cosine: cosine.to_f32(),
+                        lineage,
                         listed: if fresh { listed.clone() } else { Vec::new() },
                     };
                     self.send(now, member, input);
