@@ -164,29 +164,17 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
         r.via = None;
         if joined {
             if self.config.fanout.is_some() {
-                // A member of its hub already: pushes it holds are its children.
-                // Its packet goes up at once (it keeps its place at its hub, and its answer
-                // tells it its depth); its children's merge replaces it when its level closes.
-                let close = self.config.timing.close_permille(self.depth.max(1));
-                if let Some(r) = self.round.as_mut() {
-                    r.depth = self.depth.max(1);
-                    if !r.pushes.is_empty() && matches!(r.sub, Sub::Open) {
-                        r.sub_close = Some(r.at(close));
-                    }
-                }
+                // A member of its hub already: its packet goes up at once (it keeps its place
+                // at its hub, and its answer tells it its depth); its children's merge
+                // replaces it when its level closes.
+                self.keep_children();
             } else {
                 self.redirect_held(&hub, rank);
             }
             self.push(now, Joining::Member);
         } else {
             if rebase_in_tree {
-                let close = self.config.timing.close_permille(self.depth.max(1));
-                if let Some(r) = self.round.as_mut() {
-                    r.depth = self.depth.max(1);
-                    if !r.pushes.is_empty() && matches!(r.sub, Sub::Open) {
-                        r.sub_close = Some(r.at(close));
-                    }
-                }
+                self.keep_children();
             }
             // Pushes it holds stay held until its data accepts the new hub's model: a hint
             // names only a hub the node checked, or a cohort follows it into another task's
@@ -202,6 +190,19 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
                 close,
             });
             self.out.push_back(Output::FetchModel { ticket, hub });
+        }
+    }
+
+    /// In a tree, a member of its hub: pushes it holds are its children, admitted until its
+    /// level closes at its last known depth (`Timing::close_permille`).
+    fn keep_children(&mut self) {
+        let depth = self.depth.max(1);
+        let close = self.config.timing.close_permille(depth);
+        if let Some(r) = self.round.as_mut() {
+            r.depth = depth;
+            if !r.pushes.is_empty() && matches!(r.sub, Sub::Open) {
+                r.sub_close = Some(r.at(close));
+            }
         }
     }
 

@@ -484,8 +484,9 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
     /// Why: when a fragment's root joins another tree (a rank move among `mates`, an idle root
     /// pushing up) only the root takes that tree's model; its members keep applying the
     /// tree's merges to their fragment's model for good. At `kindred-sim learn --nodes 1000
-    /// --setting label --fanout 64` the nodes ended 0.56 point under their task's mean model,
-    /// and 44 different models ran in four trees.
+    /// --setting label --fanout 64` (seed 1) the nodes ended 0.56 point under their task's mean
+    /// model: 92 different models ran from round 11 (133 by round 29), every task 99% in one
+    /// tree.
     ///
     /// ```
     /// use kindred_routing::exchange::{Exchange, ExchangeConfig, Input, Millis};

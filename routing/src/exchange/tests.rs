@@ -1682,8 +1682,24 @@ fn merged_round(
     let t = round * 1_000;
     let before = start(node, round, "own");
     answer(node, t + 10, hub, round, Answer::Accepted { depth: 0 });
+    (
+        before,
+        merge_passes(node, t + 500, hub, round, merge, lineage),
+    )
+}
+
+/// Hub `hub` serves `merge` of `lineage` for `round` at `now`; it passes the member's checks.
+/// The round's report.
+fn merge_passes(
+    node: &mut Node,
+    now: u64,
+    hub: u32,
+    round: u64,
+    merge: &'static str,
+    lineage: u64,
+) -> RoundReport<u32, &'static str> {
     node.handle(
-        Millis(t + 500),
+        Millis(now),
         Input::MergeReceived {
             from: hub,
             round,
@@ -1697,14 +1713,13 @@ fn merged_round(
         panic!("the merge is checked");
     };
     node.handle(
-        Millis(t + 510),
+        Millis(now + 10),
         Input::MergeChecked {
             ticket,
             verdict: MergeVerdict::Pass,
         },
     );
-    let report = finished(&drain(node)).expect("the round ends with the merge");
-    (before, report)
+    finished(&drain(node)).expect("the round ends with the merge")
 }
 
 #[test]
@@ -1754,29 +1769,8 @@ fn a_member_handed_another_lineages_merge_takes_its_hubs_model_next_round() {
         [Output::Push { to: 1, .. }]
     ));
     answer(&mut member, 1_070, 1, 1, Answer::Accepted { depth: 0 });
-    member.handle(
-        Millis(1_500),
-        Input::MergeReceived {
-            from: 1,
-            round: 1,
-            merge: "m1",
-            cosine: 0.97,
-            lineage: hub_lineage,
-            listed: Vec::new(),
-        },
-    );
-    let Some(Output::CheckMerge { ticket, .. }) = member.poll_output() else {
-        panic!("the merge is checked");
-    };
-    member.handle(
-        Millis(1_510),
-        Input::MergeChecked {
-            ticket,
-            verdict: MergeVerdict::Pass,
-        },
-    );
     assert_eq!(
-        finished(&drain(&mut member)).unwrap().apply,
+        merge_passes(&mut member, 1_500, 1, 1, "m1", hub_lineage).apply,
         Apply::Merge {
             merge: "m1",
             adopt: Some("hub model")
