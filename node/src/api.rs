@@ -59,6 +59,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, mpsc, watch};
 
 use crate::engine::ExternalUpdate;
+use crate::merged::MergedUpdate;
 use crate::metrics::NodeMetrics;
 use crate::update_stream::{UpdateDecoder, UpdateError};
 
@@ -318,8 +319,8 @@ pub const MAX_HISTORY: usize = 1000;
 pub struct Shared {
     /// Status, updated by the round loop.
     pub status: RwLock<Status>,
-    /// The newest merged update as safetensors, with its round.
-    pub merged: RwLock<Option<(u64, axum::body::Bytes)>>,
+    /// The update the newest round applied, with its round; served as safetensors.
+    pub merged: RwLock<Option<(u64, Arc<MergedUpdate>)>>,
     /// Metrics.
     pub metrics: NodeMetrics,
     /// The model spec.
@@ -644,24 +645,39 @@ struct MergedParams {
 }
 
 async fn merged(State(api): State<Arc<Api>>, Query(q): Query<MergedParams>) -> Response {
-    let guard = api
+    let newest = api
         .shared
         .merged
         .read()
-        .unwrap_or_else(PoisonError::into_inner);
-    match guard.as_ref() {
-        Some((round, bytes)) if q.after.is_none_or(|a| *round > a) => (
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    let Some((round, update)) = newest.filter(|(r, _)| q.after.is_none_or(|a| *r > a)) else {
+        return StatusCode::NO_CONTENT.into_response();
+    };
+    let spec = &api.shared.spec;
+    // Written chunk by chunk as the trainer reads: the file is never whole in memory.
+    let sized = update
+        .safetensors_len(spec)
+        .and_then(|len| Ok((len, update.safetensors_chunks(spec)?)));
+    match sized {
+        Ok((len, chunks)) => (
             [
                 (header::CONTENT_TYPE, "application/octet-stream".to_string()),
+                (header::CONTENT_LENGTH, len.to_string()),
                 (
                     header::HeaderName::from_static("x-kindred-round"),
                     round.to_string(),
                 ),
             ],
-            bytes.clone(),
+            Body::from_stream(futures::stream::iter(
+                chunks.map(Ok::<_, std::convert::Infallible>),
+            )),
         )
             .into_response(),
-        _ => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot serve the merged update");
+            StatusCode::INTERNAL_SERVER_ERROR.into_response()
+        }
     }
 }
 

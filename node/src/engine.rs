@@ -30,6 +30,7 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 
 use crate::config::{NodeConfig, TrainerKind};
+use crate::merged::{MergedUpdate, SparseBuilder};
 use crate::store::{RoundState, Store};
 use crate::trainer::{Examples, Mnist, Model, Split, TrainConfig};
 
@@ -629,19 +630,22 @@ impl Engine {
         &mut self,
         adopt: Option<&[f32]>,
         update: Option<&[f32]>,
-    ) -> Result<Vec<f32>, EngineError> {
+    ) -> Result<MergedUpdate, EngineError> {
         if adopt.is_none() && matches!(self.source, Source::External { .. }) {
-            // In place, the same arithmetic as below without a second model-sized vector:
-            // what a large external model's round peaks on.
-            let mut delta = vec![0.0f32; self.base.len()];
+            // In place, the same arithmetic as below without a second model-sized vector (what
+            // a large external model's round peaks on), and only where the update is nonzero:
+            // the change is then a merge's few percent of entries.
+            let mut delta = SparseBuilder::new(self.base.len());
             if let Some(update) = update {
-                for ((b, d), u) in self.base.iter_mut().zip(&mut delta).zip(update) {
-                    let n = *b + u;
-                    *d = n - *b;
-                    *b = n;
+                for (i, (b, &u)) in self.base.iter_mut().zip(update).enumerate() {
+                    if u != 0.0 {
+                        let n = *b + u;
+                        delta.push(i, n - *b);
+                        *b = n;
+                    }
                 }
             }
-            return Ok(delta);
+            return Ok(delta.finish());
         }
         let mut next = match adopt {
             Some(cumulative) => self
@@ -667,7 +671,7 @@ impl Engine {
         }
         let delta = next.iter().zip(&self.base).map(|(n, b)| n - b).collect();
         self.base = next;
-        Ok(delta)
+        Ok(MergedUpdate::from_dense(delta))
     }
 
     /// Held-out accuracy of the built-in model (`None` for an external trainer).

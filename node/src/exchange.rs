@@ -58,6 +58,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
 use crate::engine::{Engine, EngineError, Outgoing};
+use crate::merged::MergedUpdate;
 use crate::store::Store;
 
 /// The core's deadline, as a share of the round: the rest is for applying, evaluating and
@@ -337,7 +338,7 @@ impl HubDriver {
         round: u64,
         start_ms: u64,
         round_ms: u64,
-    ) -> Result<(HubRoundStats, Vec<f32>), HubError> {
+    ) -> Result<(HubRoundStats, MergedUpdate), HubError> {
         // Counters run on from between rounds ([`HubDriver::idle_until`]).
         self.finished = None;
         let deadline_ms = start_ms + (round_ms as f64 * DEADLINE_SHARE) as u64;
@@ -1266,7 +1267,7 @@ impl HubDriver {
         &mut self,
         engine: &mut Engine,
         report: &RoundReport<PeerId, Handle>,
-    ) -> Result<Vec<f32>, HubError> {
+    ) -> Result<MergedUpdate, HubError> {
         self.stats.role = match report.role {
             Role::Local => "local",
             Role::Hub => "hub",

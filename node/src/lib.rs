@@ -19,6 +19,7 @@ pub mod config;
 pub mod demo;
 pub mod engine;
 pub mod exchange;
+pub mod merged;
 pub mod metrics;
 pub mod run;
 pub mod store;

@@ -40,6 +40,7 @@ use crate::api::{self, MAX_HISTORY, RoundRecord, RoundTimings, Shared, SnapshotR
 use crate::config::{ExchangeKind, NodeConfig};
 use crate::engine::{Engine, EngineError, ExternalUpdate, MergeReport, PeerPacket};
 use crate::exchange::{HubDriver, HubRoundStats, exchange_config};
+use crate::merged::MergedUpdate;
 use crate::metrics::NodeMetrics;
 use crate::store::Store;
 
@@ -472,7 +473,7 @@ async fn run_round(
     let snapshot = exchange_snapshots(engine, ctx, &mut report, round, start + t_ms).await;
     let exchanged = std::time::Instant::now();
     let accuracy = tokio::task::block_in_place(|| engine.accuracy())?;
-    let merged_st = crate::api::update_to_safetensors(&report.merged, engine.spec()).ok();
+    let merged = MergedUpdate::from_dense(std::mem::take(&mut report.merged));
     // Replay marks first: the round commit below flushes them with it.
     if let Some(marks) = routing.replay_marks().await {
         engine.store().put_replay_marks(&marks)?;
@@ -506,7 +507,7 @@ async fn run_round(
             .get_or_create(&vec![("outcome", s.outcome.clone())])
             .inc();
     }
-    let (info, routing_metrics) = publish_round(routing, shared, round, merged_st).await;
+    let (info, routing_metrics) = publish_round(routing, shared, round, merged).await;
     let record = RoundRecord {
         round,
         loss: out.loss,
@@ -587,16 +588,14 @@ async fn run_hub_round(
     out.full = Vec::new();
     let packet_seconds = in_hand.elapsed().as_secs_f64();
     let packet_bytes = (out.packet.header_bytes.len() + out.packet.body_bytes.len()) as u64;
-    let (stats, applied) = hub.round(engine, &out, round, start, t_ms).await?;
+    let (stats, merged) = hub.round(engine, &out, round, start, t_ms).await?;
     let exchanged = std::time::Instant::now();
     seal_snapshot(engine, round, ctx.snapshots);
     let accuracy = tokio::task::block_in_place(|| engine.accuracy())?;
-    let merged_st = crate::api::update_to_safetensors(&applied, engine.spec()).ok();
     hub.persist(engine.store())?;
     if let Some(marks) = routing.replay_marks().await {
         engine.store().put_replay_marks(&marks)?;
     }
-    drop(applied);
     tokio::task::block_in_place(|| engine.checkpoint(round))?;
     let timings = round_timings(&out, in_hand, packet_seconds, exchanged);
 
@@ -610,7 +609,7 @@ async fn run_hub_round(
         accuracy,
     );
     record_exchange(m, &stats);
-    let (info, routing_metrics) = publish_round(routing, shared, round, merged_st).await;
+    let (info, routing_metrics) = publish_round(routing, shared, round, merged).await;
     tracing::info!(
         round,
         loss = format_args!("{:.4}", out.loss),
@@ -663,14 +662,14 @@ async fn run_hub_round(
     Ok(())
 }
 
-/// After a round: the routing layer's counters into the metrics, and the merged update (as
-/// safetensors) where an external trainer fetches it. Returns the routing task's connectivity
-/// and counters for the status.
+/// After a round: the routing layer's counters into the metrics, and the update the round
+/// applied where an external trainer fetches it (`GET /v1/merged`). Returns the routing task's
+/// connectivity and counters for the status.
 async fn publish_round(
     routing: &RoutingHandle,
     shared: &Shared,
     round: u64,
-    merged: Option<Vec<u8>>,
+    merged: MergedUpdate,
 ) -> (
     Option<kindred_routing::NodeInfo>,
     Option<kindred_routing::RoutingMetrics>,
@@ -683,12 +682,10 @@ async fn publish_round(
     if let Some(i) = &info {
         shared.metrics.set_reachability(i);
     }
-    if let Some(bytes) = merged {
-        *shared
-            .merged
-            .write()
-            .unwrap_or_else(PoisonError::into_inner) = Some((round, bytes.into()));
-    }
+    *shared
+        .merged
+        .write()
+        .unwrap_or_else(PoisonError::into_inner) = Some((round, Arc::new(merged)));
     (info, routing_metrics)
 }
 
