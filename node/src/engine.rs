@@ -631,21 +631,41 @@ impl Engine {
         adopt: Option<&[f32]>,
         update: Option<&[f32]>,
     ) -> Result<MergedUpdate, EngineError> {
-        if adopt.is_none() && matches!(self.source, Source::External { .. }) {
-            // In place, the same arithmetic as below without a second model-sized vector (what
-            // a large external model's round peaks on), and only where the update is nonzero:
-            // the change is then a merge's few percent of entries.
-            let mut delta = SparseBuilder::new(self.base.len());
-            if let Some(update) = update {
-                for (i, (b, &u)) in self.base.iter_mut().zip(update).enumerate() {
-                    if u != 0.0 {
-                        let n = *b + u;
-                        delta.push(i, n - *b);
+        if matches!(self.source, Source::External { .. }) {
+            // In place, the same arithmetic as the built-in model's path below without a
+            // second model-sized vector (what a large external model's round peaks on).
+            return Ok(match adopt {
+                // Only where the update is nonzero does anything change: a merge's few
+                // percent of entries.
+                None => {
+                    let mut delta = SparseBuilder::new(self.base.len());
+                    for (i, (b, &u)) in self.base.iter_mut().zip(update.unwrap_or(&[])).enumerate()
+                    {
+                        if u != 0.0 {
+                            let n = *b + u;
+                            delta.push(i, n - *b);
+                            *b = n;
+                        }
+                    }
+                    delta.finish()
+                }
+                // A hub's model replaces every parameter.
+                Some(cumulative) => {
+                    let mut delta = vec![0.0f32; self.base.len()];
+                    let starts = self.origin.iter().zip(cumulative);
+                    for (i, ((b, d), (o, c))) in
+                        self.base.iter_mut().zip(&mut delta).zip(starts).enumerate()
+                    {
+                        let mut n = o + c;
+                        if let Some(u) = update.and_then(|u| u.get(i)) {
+                            n += u;
+                        }
+                        *d = n - *b;
                         *b = n;
                     }
+                    MergedUpdate::from_dense(delta)
                 }
-            }
-            return Ok(delta.finish());
+            });
         }
         let mut next = match adopt {
             Some(cumulative) => self
@@ -786,6 +806,45 @@ mod tests {
     fn round(engine: &mut Engine, round: u64, update: Vec<f32>) -> MergeReport {
         let out = packet(engine, round, update);
         engine.merge(&out, &[]).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn an_external_apply_changes_the_model_as_the_dense_arithmetic_does_and_returns_the_change() {
+        let (mut e, _d) = external("apply");
+        let n = e.spec().numel() as usize;
+        let wave = |phase: f32| -> Vec<f32> {
+            (0..n)
+                .map(|i| (i as f32 * 0.37 + phase).sin() * 1e-2)
+                .collect()
+        };
+        // A sparse merge: every 40th entry.
+        let merge: Vec<f32> = wave(0.0)
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| if i % 40 == 0 { v } else { 0.0 })
+            .collect();
+        let before = e.base.clone();
+        let delta = e.apply(None, Some(&merge)).unwrap();
+        assert!(delta.is_sparse());
+        let expected: Vec<f32> = before.iter().zip(&merge).map(|(b, u)| b + u).collect();
+        assert_eq!(e.base, expected);
+        let change: Vec<f32> = expected.iter().zip(&before).map(|(a, b)| a - b).collect();
+        assert_eq!(delta.to_dense(), change);
+        // Adopting a hub's model (its cumulative update) and applying a merge on top of it.
+        let (cumulative, merge) = (wave(1.0), wave(2.0));
+        let before = e.base.clone();
+        let delta = e.apply(Some(&cumulative), Some(&merge)).unwrap();
+        assert!(!delta.is_sparse());
+        let expected: Vec<f32> = e
+            .origin
+            .iter()
+            .zip(&cumulative)
+            .zip(&merge)
+            .map(|((o, c), u)| (o + c) + u)
+            .collect();
+        assert_eq!(e.base, expected);
+        let change: Vec<f32> = expected.iter().zip(&before).map(|(a, b)| a - b).collect();
+        assert_eq!(delta.to_dense(), change);
     }
 
     #[test]

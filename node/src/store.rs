@@ -541,6 +541,20 @@ fn decode_replay_marks(bytes: &[u8]) -> Option<Vec<ReplayMark>> {
 mod tests {
     use super::*;
 
+    /// Open the store in `dir` again after dropping it: sled 0.34 releases the database's file
+    /// lock only when the dropped store's flusher thread has ended, which on a loaded machine
+    /// can be a moment after the drop returns. Retries for up to 5 s.
+    fn reopen(dir: &Path) -> Store {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            match Store::open(dir) {
+                Ok(store) => return store,
+                Err(e) if std::time::Instant::now() >= deadline => panic!("{e}"),
+                Err(_) => std::thread::sleep(std::time::Duration::from_millis(20)),
+            }
+        }
+    }
+
     fn tempdir() -> PathBuf {
         let dir =
             std::env::temp_dir().join(format!("kindred-store-{:016x}", rand::random::<u64>()));
@@ -567,7 +581,7 @@ mod tests {
             store.put_replay_marks(&marks).unwrap();
             store.flush().unwrap();
         }
-        let store = Store::open(&dir).unwrap();
+        let store = reopen(&dir);
         assert_eq!(store.replay_marks().unwrap(), marks);
         // Every truncation, a trailing byte and an absurd count are rejected, never a panic.
         let good = store.state.get(KEY_REPLAY).unwrap().unwrap().to_vec();
@@ -602,7 +616,7 @@ mod tests {
                 .unwrap();
             (key.public(), state)
         };
-        let store = Store::open(&dir).unwrap();
+        let store = reopen(&dir);
         assert_eq!(store.identity().unwrap().unwrap().public(), peer);
         assert_eq!(store.identity_or_create().unwrap().public(), peer);
         assert_eq!(store.round_state().unwrap(), Some(state));
@@ -657,7 +671,7 @@ mod tests {
             store.sweep(|_| false).unwrap();
             assert_eq!(store.get_blob(&blob).unwrap(), b"hub distiller");
         }
-        let store = Store::open(&dir).unwrap();
+        let store = reopen(&dir);
         let (record, blob) = store.exchange().unwrap().unwrap();
         assert_eq!(record, b"state v1");
         let blob = blob.unwrap();
@@ -715,7 +729,7 @@ mod tests {
             b"body-keep"
         );
         drop(store);
-        Store::open(&dir).unwrap();
+        reopen(&dir);
         assert!(
             !dir.join("blobs/tmp/leftover").exists(),
             "temp files swept at open"
