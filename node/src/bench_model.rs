@@ -575,20 +575,8 @@ struct SyntheticUpdate {
 
 impl SyntheticUpdate {
     fn new(spec: &ModelSpec, seed: u64, round: u64, node: u64) -> Self {
-        let mut meta = serde_json::Map::new();
-        let mut offset = 0u64;
         let mut layers = Vec::with_capacity(spec.layers().len());
         for (i, l) in spec.layers().iter().enumerate() {
-            let bytes = l.numel() * 4;
-            meta.insert(
-                l.name().to_string(),
-                serde_json::json!({
-                    "dtype": "F32",
-                    "shape": l.shape(),
-                    "data_offsets": [offset, offset + bytes],
-                }),
-            );
-            offset += bytes;
             // Per-layer scales between 0.5e-3 and 1.5e-3, as gradients differ by layer.
             let h = splitmix(seed ^ (i as u64).wrapping_mul(0x9e37_79b9));
             layers.push((
@@ -596,14 +584,9 @@ impl SyntheticUpdate {
                 1e-3 * (0.5 + (h >> 40) as f32 / (1u64 << 24) as f32),
             ));
         }
-        let mut header = serde_json::Value::Object(meta).to_string().into_bytes();
-        while !header.len().is_multiple_of(8) {
-            header.push(b' ');
-        }
-        let mut file = (header.len() as u64).to_le_bytes().to_vec();
-        file.extend_from_slice(&header);
+        let file = crate::merged::safetensors_f32_header(spec);
         Self {
-            total: file.len() as u64 + offset,
+            total: file.len() as u64 + spec.numel() * 4,
             header: file,
             layers,
             task: splitmix(seed ^ 0x7a5c_0d1e_55f0_2b4d),

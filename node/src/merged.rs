@@ -122,7 +122,7 @@ impl MergedUpdate {
         let n = (CHUNK_BYTES / 4).min(self.len().saturating_sub(start));
         let mut values = vec![0.0f32; n];
         self.fill(start, &mut values);
-        values.iter().flat_map(|v| v.to_le_bytes()).collect()
+        kindred_distill::f32_le_bytes(&values).into_owned()
     }
 
     /// The safetensors file of this update for `spec` (one f32 tensor per layer, in spec
@@ -201,15 +201,12 @@ impl SparseBuilder {
         self.indices.push(index as u64);
         self.values.push(value);
         if self.indices.len() > self.len / 4 {
-            let mut dense = vec![0.0; self.len];
-            for (&i, &v) in self.indices.iter().zip(&self.values) {
-                if let Some(slot) = usize::try_from(i).ok().and_then(|i| dense.get_mut(i)) {
-                    *slot = v;
-                }
-            }
-            self.indices = Vec::new();
-            self.values = Vec::new();
-            self.dense = Some(dense);
+            let sparse = MergedUpdate::Sparse {
+                len: self.len,
+                indices: std::mem::take(&mut self.indices),
+                values: std::mem::take(&mut self.values),
+            };
+            self.dense = Some(sparse.to_dense());
         }
     }
 
@@ -227,14 +224,9 @@ impl SparseBuilder {
 }
 
 /// The safetensors header (8-byte little-endian length, then the JSON, padded with spaces to a
-/// multiple of 8) for one f32 tensor per layer of `spec`, contiguous in spec order.
-fn safetensors_header(spec: &ModelSpec, len: usize) -> Result<Vec<u8>, String> {
-    if len as u64 != spec.numel() {
-        return Err(format!(
-            "update has {len} values, the model {}",
-            spec.numel()
-        ));
-    }
+/// multiple of 8) of one f32 tensor per layer of `spec`, contiguous in spec order: what the
+/// node serves and what `kindred bench-model`'s trainer uploads.
+pub fn safetensors_f32_header(spec: &ModelSpec) -> Vec<u8> {
     let mut tensors = serde_json::Map::new();
     let mut offset: u64 = 0;
     for layer in spec.layers() {
@@ -249,15 +241,25 @@ fn safetensors_header(spec: &ModelSpec, len: usize) -> Result<Vec<u8>, String> {
         );
         offset += bytes;
     }
-    let mut json =
-        serde_json::to_vec(&serde_json::Value::Object(tensors)).map_err(|e| e.to_string())?;
-    while json.len() % 8 != 0 {
+    let mut json = serde_json::Value::Object(tensors).to_string().into_bytes();
+    while !json.len().is_multiple_of(8) {
         json.push(b' ');
     }
     let mut out = Vec::with_capacity(8 + json.len());
     out.extend_from_slice(&(json.len() as u64).to_le_bytes());
     out.extend_from_slice(&json);
-    Ok(out)
+    out
+}
+
+/// [`safetensors_f32_header`] of an update of `len` elements, refused unless it fits `spec`.
+fn safetensors_header(spec: &ModelSpec, len: usize) -> Result<Vec<u8>, String> {
+    if len as u64 != spec.numel() {
+        return Err(format!(
+            "update has {len} values, the model {}",
+            spec.numel()
+        ));
+    }
+    Ok(safetensors_f32_header(spec))
 }
 
 #[cfg(test)]
