@@ -126,7 +126,23 @@ fn a_lying_hub_is_refused_and_left(attack: &str) {
     assert!(led, "the liar never served a merge:\n{}", liar.log());
 
     for node in &nodes {
-        let s = node.status().unwrap();
+        // A member that met the liar late gets five more rounds to show it merges elsewhere.
+        let met_liar_at = |s: &kindred_node::api::Status| {
+            s.history
+                .iter()
+                .filter_map(|r| Some((r.round, r.exchange.as_ref()?)))
+                .find(|(_, x)| x.hub == liar.peer && x.refused > 0)
+                .map(|(round, _)| round)
+        };
+        let s = wait_for(Duration::from_secs(60), || {
+            let s = node.status()?;
+            let last = s.history.last()?.round;
+            match met_liar_at(&s) {
+                Some(first) if last < first + 6 => None,
+                _ => Some(s),
+            }
+        })
+        .unwrap_or_else(|| panic!("node stalled after meeting the liar:\n{}", node.log()));
         let rounds: Vec<_> = s
             .history
             .iter()
