@@ -22,6 +22,8 @@
 //! member's own training gained on its shard. The same rule checks each merge a node applies,
 //! the model plus the merge against the model plus its own update.
 
+use crate::update::UpdateView;
+
 /// Thresholds of [`check_aggregate`]. [`AggregateCheck::default`] documents the defaults.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AggregateCheck {
@@ -90,8 +92,8 @@ impl AggregateRejection {
 /// ```
 /// use kindred_distill::{AggregateCheck, AggregateRejection, check_aggregate};
 ///
-/// let own = [1.0, 0.5, -0.25, 0.0];
-/// let merged = [0.4, 0.3, 0.0, 0.1];
+/// let own = [1.0f32, 0.5, -0.25, 0.0];
+/// let merged = [0.4f32, 0.3, 0.0, 0.1];
 /// let check = AggregateCheck::default();
 /// assert!(check_aggregate(&own, &merged, &check).is_ok());
 /// let flipped: Vec<f32> = merged.iter().map(|x| -x).collect();
@@ -102,22 +104,28 @@ impl AggregateRejection {
 ///
 /// # Errors
 /// [`AggregateRejection`] saying which rule failed.
-pub fn check_aggregate(
-    own: &[f32],
-    aggregate: &[f32],
+pub fn check_aggregate<'o, 'a>(
+    own: impl Into<UpdateView<'o>>,
+    aggregate: impl Into<UpdateView<'a>>,
     check: &AggregateCheck,
 ) -> Result<f32, AggregateRejection> {
+    let (own, aggregate) = (own.into(), aggregate.into());
     if aggregate.len() != own.len() {
         return Err(AggregateRejection::Length {
             expected: own.len(),
             found: aggregate.len(),
         });
     }
-    let (mut dot, mut own2, mut agg2) = (0f64, 0f64, 0f64);
-    for (&o, &a) in own.iter().zip(aggregate) {
-        let (o, a) = (f64::from(o), f64::from(a));
+    // Each sum in position order; zeros add nothing, so sparse updates give the dense
+    // figures.
+    let own2: f64 = own
+        .nonzero()
+        .map(|(_, o)| f64::from(o) * f64::from(o))
+        .sum();
+    let (mut dot, mut agg2) = (0f64, 0f64);
+    for (i, a) in aggregate.nonzero() {
+        let (o, a) = (f64::from(own.get(i)), f64::from(a));
         dot += o * a;
-        own2 += o * o;
         agg2 += a * a;
     }
     if !(dot.is_finite() && own2.is_finite() && agg2.is_finite()) || own2 == 0.0 {
@@ -278,22 +286,22 @@ mod tests {
     fn bad_shapes_and_values_are_refused() {
         let c = AggregateCheck::default();
         assert!(matches!(
-            check_aggregate(&[1.0, 2.0], &[1.0], &c),
+            check_aggregate(&[1.0f32, 2.0], &[1.0f32], &c),
             Err(AggregateRejection::Length {
                 expected: 2,
                 found: 1
             })
         ));
         assert_eq!(
-            check_aggregate(&[1.0, 2.0], &[f32::NAN, 1.0], &c),
+            check_aggregate(&[1.0f32, 2.0], &[f32::NAN, 1.0], &c),
             Err(AggregateRejection::NotFinite)
         );
         assert_eq!(
-            check_aggregate(&[0.0, 0.0], &[1.0, 1.0], &c),
+            check_aggregate(&[0.0f32, 0.0], &[1.0f32, 1.0], &c),
             Err(AggregateRejection::NotFinite)
         );
         assert_eq!(
-            check_aggregate(&[1.0, 0.0], &[0.0, 0.0], &c),
+            check_aggregate(&[1.0f32, 0.0], &[0.0f32, 0.0], &c),
             Err(AggregateRejection::Direction(0.0))
         );
     }

@@ -58,6 +58,7 @@ mod layout;
 mod policy;
 mod state;
 mod synth;
+mod update;
 
 pub use aggregate::{
     AggregateCheck, AggregateRejection, MIN_GAIN_SHARE, ShardScores, check_adoption,
@@ -66,7 +67,7 @@ pub use aggregate::{
 pub use consensus::{
     ConsensusError, Pull, PullConfig, pull, snapshot, snapshot_partner, snapshot_partners,
 };
-pub use decode::decode;
+pub use decode::{decode, decode_update};
 pub use distiller::{Distilled, Distiller, LayerReport, Report};
 pub use embed::{Embedded, Embedder, EmbeddingConfig};
 pub use error::{ConfigError, DecodeError, DistillError, EmbedError, RestoreError, SynthError};
@@ -74,8 +75,10 @@ pub use layout::Layout;
 pub use policy::{LayerPlan, Policy};
 pub use state::{DistillerState, EncodedState, STATE_VERSION, f32_le_bytes};
 pub use synth::{
-    MergeRule, Rejection, SynthConfig, Synthesis, UpdateRef, Verdict, cap_samples, synthesize,
+    Contribution, MergeRule, PeerUpdate, Rejection, SynthConfig, Synthesis, UpdateRef, Verdict,
+    cap_samples, synthesize,
 };
+pub use update::{SparseUpdate, Update, UpdateBuilder, UpdateView};
 
 /// The README's examples, compiled and run as doctests.
 #[cfg(doctest)]

@@ -28,6 +28,7 @@
 use kindred_proto::MAX_SAMPLES;
 
 use crate::error::SynthError;
+use crate::update::{Update, UpdateView};
 
 /// A dense update and the training samples behind it: the node's own, or a peer's.
 #[derive(Debug, Clone, Copy)]
@@ -36,6 +37,46 @@ pub struct UpdateRef<'a> {
     pub update: &'a [f32],
     /// Training samples behind it (a peer's from its packet header).
     pub samples: u64,
+}
+
+/// What [`synthesize`] reads of a peer: its update, dense or sparse, and the training samples
+/// behind it. A hub keeps its members' pushes sparse ([`PeerUpdate`]); the dense
+/// [`UpdateRef`] serves the rest.
+pub trait Contribution {
+    /// The update.
+    fn update(&self) -> UpdateView<'_>;
+    /// Training samples behind it (from its packet header).
+    fn samples(&self) -> u64;
+}
+
+impl Contribution for UpdateRef<'_> {
+    fn update(&self) -> UpdateView<'_> {
+        UpdateView::Dense(self.update)
+    }
+
+    fn samples(&self) -> u64 {
+        self.samples
+    }
+}
+
+/// A peer's update as decoded ([`crate::decode_update`]), sparse or dense, and the training
+/// samples behind it.
+#[derive(Debug, Clone, Copy)]
+pub struct PeerUpdate<'a> {
+    /// The update.
+    pub update: &'a Update,
+    /// Training samples behind it.
+    pub samples: u64,
+}
+
+impl Contribution for PeerUpdate<'_> {
+    fn update(&self) -> UpdateView<'_> {
+        self.update.view()
+    }
+
+    fn samples(&self) -> u64 {
+        self.samples
+    }
 }
 
 /// How the accepted updates are combined.
@@ -341,11 +382,12 @@ impl Synthesis {
     }
 }
 
-fn norm(v: &[f32]) -> f64 {
-    v.iter()
-        .map(|&x| f64::from(x) * f64::from(x))
-        .sum::<f64>()
-        .sqrt()
+/// `‖v‖`, summed in f64 in position order (zeros add nothing, so either form gives the same).
+fn norm(v: UpdateView<'_>) -> f64 {
+    let mut sq = 0f64;
+    v.nonzero()
+        .for_each(|(_, x)| sq += f64::from(x) * f64::from(x));
+    sq.sqrt()
 }
 
 /// Cosine between `peer` and `own` restricted to the coordinates the peer sent (its non-zero
@@ -353,14 +395,13 @@ fn norm(v: &[f32]) -> f64 {
 /// or sign-sparse one it asks "does the own update agree where the peer spoke?", which the plain
 /// cosine cannot: a 1% top-k update has a cosine of ~0.1 with any dense update, agreeing or not.
 /// `None` when the own update is zero on the peer's support.
-fn support_cosine(own: &[f32], peer: &[f32], peer_norm: f64) -> Option<f64> {
+fn support_cosine(own: UpdateView<'_>, peer: UpdateView<'_>, peer_norm: f64) -> Option<f64> {
     let (mut dot, mut own_sq) = (0f64, 0f64);
-    for (&x, &y) in own.iter().zip(peer) {
-        if y != 0.0 {
-            dot += f64::from(x) * f64::from(y);
-            own_sq += f64::from(x) * f64::from(x);
-        }
-    }
+    peer.nonzero().for_each(|(i, y)| {
+        let x = own.get(i);
+        dot += f64::from(x) * f64::from(y);
+        own_sq += f64::from(x) * f64::from(x);
+    });
     (own_sq > 0.0 && peer_norm > 0.0).then(|| dot / (own_sq.sqrt() * peer_norm))
 }
 
@@ -389,15 +430,15 @@ fn support_cosine(own: &[f32], peer: &[f32], peer_norm: f64) -> Option<f64> {
 /// # Errors
 /// [`SynthError`] when the own update is not finite or the configuration is out of range;
 /// problems with peers are verdicts, not errors.
-pub fn synthesize(
-    own: UpdateRef<'_>,
-    peers: &[UpdateRef<'_>],
+pub fn synthesize<O: Contribution, C: Contribution>(
+    own: O,
+    peers: &[C],
     config: &SynthConfig,
 ) -> Result<Synthesis, SynthError> {
     config.validate()?;
-    let own_samples = own.samples;
-    let own = own.update;
-    if let Some(index) = own.iter().position(|v| !v.is_finite()) {
+    let own_samples = own.samples();
+    let own = own.update();
+    if let Some(index) = own.first_non_finite() {
         return Err(SynthError::OwnNonFinite { index });
     }
     let own_norm = norm(own);
@@ -407,19 +448,20 @@ pub fn synthesize(
     let mut norms = Vec::with_capacity(peers.len());
     for p in peers {
         let reject = |r| Some(Verdict::Rejected(r));
-        let v = if p.update.len() != own.len() {
+        let update = p.update();
+        let v = if update.len() != own.len() {
             reject(Rejection::Length {
                 expected: own.len(),
-                found: p.update.len(),
+                found: update.len(),
             })
-        } else if let Some(index) = p.update.iter().position(|v| !v.is_finite()) {
+        } else if let Some(index) = update.first_non_finite() {
             reject(Rejection::NonFinite { index })
-        } else if p.samples == 0 {
+        } else if p.samples() == 0 {
             reject(Rejection::NoSamples)
         } else {
             None
         };
-        let n = if v.is_none() { norm(p.update) } else { 0.0 };
+        let n = if v.is_none() { norm(update) } else { 0.0 };
         let v = if v.is_none() && n == 0.0 {
             reject(Rejection::ZeroNorm)
         } else {
@@ -465,7 +507,7 @@ pub fn synthesize(
         }
         *c = Some(if own_norm > 0.0 {
             // Zero own update on the peer's support: no evidence of agreement.
-            support_cosine(own, p.update, n).unwrap_or(0.0) as f32
+            support_cosine(own, p.update(), n).unwrap_or(0.0) as f32
         } else {
             // Nothing to compare with: trust the norm check alone.
             1.0
@@ -506,7 +548,7 @@ pub fn synthesize(
                 .chain(
                     accepted
                         .iter()
-                        .map(|&(i, _, _)| peers.get(i).map_or(0, |p| p.samples)),
+                        .map(|&(i, _, _)| peers.get(i).map_or(0, Contribution::samples)),
                 )
                 .collect();
             let capped = cap_samples(&claims, config.max_samples_ratio);
@@ -523,28 +565,22 @@ pub fn synthesize(
                     *weight = (w / total) as f32;
                 }
             }
-            let factors: Vec<(&[f32], f64)> = accepted
+            let factors: Vec<(UpdateView<'_>, f64)> = accepted
                 .iter()
                 .zip(&weights)
-                .map(|(&(i, scale, _), &w)| (peers.get(i).map_or(&[][..], |p| p.update), w * scale))
+                .filter_map(|(&(i, scale, _), &w)| Some((peers.get(i)?.update(), w * scale)))
                 .collect();
             // Each element summed in f64 (own first, then the peers in order), a block at a
             // time: a model-sized f64 accumulator would be twice the merge's memory.
             const BLOCK: usize = 1 << 14;
             let mut merged = vec![0f32; own.len()];
             let mut acc = vec![0f64; BLOCK.min(own.len())];
-            fn tail(u: &[f32], start: usize) -> &[f32] {
-                u.get(start..).unwrap_or_default()
-            }
             for (start, out) in (0..).step_by(BLOCK).zip(merged.chunks_mut(BLOCK)) {
                 let acc = &mut acc[..out.len()];
-                for (a, &x) in acc.iter_mut().zip(tail(own, start)) {
-                    *a = f64::from(x) * own_w;
-                }
+                acc.fill(0.0);
+                own.add_scaled(start, own_w, acc);
                 for &(update, f) in &factors {
-                    for (a, &x) in acc.iter_mut().zip(tail(update, start)) {
-                        *a += f * f64::from(x);
-                    }
+                    update.add_scaled(start, f, acc);
                 }
                 for (o, &a) in out.iter_mut().zip(acc.iter()) {
                     *o = (a / total) as f32;
@@ -553,10 +589,10 @@ pub fn synthesize(
             merged
         }
         MergeRule::TrimmedMean { trim } => {
-            let rows: Vec<(&[f32], f32)> =
+            let rows: Vec<(UpdateView<'_>, f32)> =
                 std::iter::once((own, 1.0f32))
                     .chain(accepted.iter().filter_map(|&(i, scale, _)| {
-                        peers.get(i).map(|p| (p.update, scale as f32))
+                        peers.get(i).map(|p| (p.update(), scale as f32))
                     }))
                     .collect();
             let m = rows.len();
@@ -566,7 +602,7 @@ pub fn synthesize(
             (0..own.len())
                 .map(|j| {
                     for (c, (row, scale)) in column.iter_mut().zip(&rows) {
-                        *c = row.get(j).copied().unwrap_or(0.0) * scale;
+                        *c = row.get(j) * scale;
                     }
                     column.sort_by(f32::total_cmp);
                     column.iter().skip(cut).take(m - 2 * cut).sum::<f32>() / keep

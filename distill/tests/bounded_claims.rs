@@ -188,7 +188,7 @@ fn the_ratio_is_validated() {
                 update: &own,
                 samples: 1,
             },
-            &[],
+            &[] as &[UpdateRef<'_>],
             &with_ratio(ratio),
         );
         assert!(

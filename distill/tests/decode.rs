@@ -1,9 +1,10 @@
-//! Decoding rejects bodies that do not fit the spec, with the layer that is wrong.
+//! Decoding rejects bodies that do not fit the spec, with the layer that is wrong, whether it
+//! keeps the update dense or sparse.
 
 #![allow(clippy::unwrap_used)]
 
 use half::f16;
-use kindred_distill::{DecodeError, decode};
+use kindred_distill::{DecodeError, decode, decode_update};
 use kindred_proto::{
     DType, DenseValues, LayerPayload, LayerSpec, ModelSpec, PacketBody, SignBits, TopK,
 };
@@ -41,6 +42,15 @@ fn decodes_every_encoding() {
     assert!(out[7..].iter().all(|&v| v == 0.5));
 }
 
+/// `decode`, after checking that `decode_update` gives the same values or the same error.
+fn both(body: &PacketBody, spec: &ModelSpec) -> Result<Vec<f32>, DecodeError> {
+    let dense = decode(body, spec);
+    let kept = decode_update(body, spec).map(|u| u.to_dense());
+    // Through Debug: an error may carry a NaN scale.
+    assert_eq!(format!("{dense:?}"), format!("{kept:?}"));
+    dense
+}
+
 #[test]
 fn mismatches_are_typed() {
     let s = spec();
@@ -48,7 +58,7 @@ fn mismatches_are_typed() {
         layers: vec![dense(vec![0.0; 4])],
     };
     assert_eq!(
-        decode(&one, &s),
+        both(&one, &s),
         Err(DecodeError::LayerCount {
             expected: 2,
             found: 1
@@ -58,7 +68,7 @@ fn mismatches_are_typed() {
         layers: vec![dense(vec![0.0; 4]), sign(71)],
     };
     assert!(matches!(
-        decode(&wrong, &s),
+        both(&wrong, &s),
         Err(DecodeError::Shape { layer: 1, .. })
     ));
     let topk = |indices: Vec<u32>, values: Vec<i8>, scale: f32| PacketBody {
@@ -73,26 +83,26 @@ fn mismatches_are_typed() {
         ],
     };
     assert!(matches!(
-        decode(&topk(vec![3, 3], vec![1, 1], 1.0), &s),
+        both(&topk(vec![3, 3], vec![1, 1], 1.0), &s),
         Err(DecodeError::TopK { layer: 1, .. })
     ));
     assert!(matches!(
-        decode(&topk(vec![70], vec![1], 1.0), &s),
+        both(&topk(vec![70], vec![1], 1.0), &s),
         Err(DecodeError::TopK { layer: 1, .. })
     ));
     assert!(matches!(
-        decode(&topk(vec![1, 2], vec![1], 1.0), &s),
+        both(&topk(vec![1, 2], vec![1], 1.0), &s),
         Err(DecodeError::TopK { layer: 1, .. })
     ));
     assert!(matches!(
-        decode(&topk(vec![1], vec![1], f32::NAN), &s),
+        both(&topk(vec![1], vec![1], f32::NAN), &s),
         Err(DecodeError::Scale { layer: 1, .. })
     ));
     let inf = PacketBody {
         layers: vec![dense(vec![0.0, f32::INFINITY, 0.0, 0.0]), sign(70)],
     };
     assert_eq!(
-        decode(&inf, &s),
+        both(&inf, &s),
         Err(DecodeError::NonFinite { layer: 0, index: 1 })
     );
     let mut padded = sign(70);
@@ -103,7 +113,7 @@ fn mismatches_are_typed() {
         layers: vec![dense(vec![0.0; 4]), padded],
     };
     assert!(matches!(
-        decode(&bad_sign, &s),
+        both(&bad_sign, &s),
         Err(DecodeError::Sign { layer: 1, .. })
     ));
 }

@@ -172,7 +172,7 @@ fn invalid_peers_are_rejected_not_fatal() {
                 update: &bad_own,
                 samples: 1
             },
-            &[],
+            &[] as &[UpdateRef<'_>],
             &SynthConfig::default()
         ),
         Err(SynthError::OwnNonFinite { index: 0 })
@@ -187,7 +187,7 @@ fn invalid_peers_are_rejected_not_fatal() {
                 update: &own,
                 samples: 1
             },
-            &[],
+            &[] as &[UpdateRef<'_>],
             &bad_config
         ),
         Err(SynthError::Config { .. })

@@ -52,6 +52,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
+use kindred_distill::Update;
 use kindred_proto::{MAX_ABS_LOSS, MAX_SAMPLES, ModelSpec};
 use safetensors::{Dtype, tensor::TensorView};
 use serde::{Deserialize, Serialize};
@@ -59,7 +60,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, mpsc, watch};
 
 use crate::engine::ExternalUpdate;
-use crate::merged::MergedUpdate;
+use crate::merged;
 use crate::metrics::NodeMetrics;
 use crate::update_stream::{UpdateDecoder, UpdateError};
 
@@ -320,7 +321,7 @@ pub struct Shared {
     /// Status, updated by the round loop.
     pub status: RwLock<Status>,
     /// The update the newest round applied, with its round; served as safetensors.
-    pub merged: RwLock<Option<(u64, Arc<MergedUpdate>)>>,
+    pub merged: RwLock<Option<(u64, Arc<Update>)>>,
     /// Metrics.
     pub metrics: NodeMetrics,
     /// The model spec.
@@ -656,9 +657,8 @@ async fn merged(State(api): State<Arc<Api>>, Query(q): Query<MergedParams>) -> R
     };
     let spec = &api.shared.spec;
     // Written chunk by chunk as the trainer reads: the file is never whole in memory.
-    let sized = update
-        .safetensors_len(spec)
-        .and_then(|len| Ok((len, update.safetensors_chunks(spec)?)));
+    let sized = merged::safetensors_len(&update, spec)
+        .and_then(|len| Ok((len, merged::safetensors_chunks(update, spec)?)));
     match sized {
         Ok((len, chunks)) => (
             [

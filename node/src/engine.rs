@@ -20,7 +20,8 @@ use std::sync::Arc;
 
 use kindred_distill::{
     ConsensusError, Distiller, DistillerState, EmbeddingConfig, Policy, Pull, PullConfig,
-    SynthConfig, UpdateRef, Verdict, decode, pull, snapshot, synthesize,
+    SynthConfig, Update, UpdateBuilder, UpdateRef, UpdateView, Verdict, decode, decode_update,
+    pull, snapshot, synthesize,
 };
 use kindred_proto::{
     Embedding, HeaderFields, ModelSpec, OutcomePacket, PacketId, SealedPacket, seal, seal_snapshot,
@@ -30,7 +31,6 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 
 use crate::config::{NodeConfig, TrainerKind};
-use crate::merged::{MergedUpdate, SparseBuilder};
 use crate::store::{RoundState, Store};
 use crate::trainer::{Examples, Mnist, Model, Split, TrainConfig};
 
@@ -105,8 +105,9 @@ pub struct Outgoing {
     pub packet: SealedPacket,
     /// SimHash margins for multi-probe lookups.
     pub margins: Vec<f32>,
-    /// The update as peers will decode it (shared with the exchange, which merges it).
-    pub sent: Arc<Vec<f32>>,
+    /// The update as peers will decode it (shared with the exchange, which merges it), kept
+    /// as its nonzero entries when it is a sparse packet.
+    pub sent: Arc<Update>,
     /// This round's full local update (our own contribution to a pairwise merge; the hub
     /// exchange merges `sent` and empties this once the packet is made).
     pub full: Vec<f32>,
@@ -381,8 +382,8 @@ impl Engine {
             .map_err(|e| EngineError::Distill(e.to_string()))?;
         let distill_cpu = cpu0.and_then(|c0| Some(crate::metrics::CpuTimes::now()?.since(&c0)));
         let distill_time = (t0.elapsed().as_secs_f64(), distill_cpu);
-        let sent =
-            decode(&distilled.body, &self.spec).map_err(|e| EngineError::Distill(e.to_string()))?;
+        let sent = decode_update(&distilled.body, &self.spec)
+            .map_err(|e| EngineError::Distill(e.to_string()))?;
         // Key on where this node's model is heading: its cumulative update including this round.
         // One round's update is mostly minibatch noise once training converges; the cumulative
         // update keeps the task's signal (same-task nodes stay at high cosine, other tasks low).
@@ -629,19 +630,19 @@ impl Engine {
     pub fn apply(
         &mut self,
         adopt: Option<&[f32]>,
-        update: Option<&[f32]>,
-    ) -> Result<MergedUpdate, EngineError> {
+        update: Option<UpdateView<'_>>,
+    ) -> Result<Update, EngineError> {
         if matches!(self.source, Source::External { .. }) {
             // In place, the same arithmetic as the built-in model's path below without a
             // second model-sized vector (what a large external model's round peaks on).
+            let mut entries = update.into_iter().flat_map(|u| u.nonzero()).peekable();
             return Ok(match adopt {
                 // Only where the update is nonzero does anything change: a merge's few
                 // percent of entries.
                 None => {
-                    let mut delta = SparseBuilder::new(self.base.len());
-                    for (i, (b, &u)) in self.base.iter_mut().zip(update.unwrap_or(&[])).enumerate()
-                    {
-                        if u != 0.0 {
+                    let mut delta = UpdateBuilder::new(self.base.len());
+                    for (i, u) in entries {
+                        if let Some(b) = self.base.get_mut(i) {
                             let n = *b + u;
                             delta.push(i, n - *b);
                             *b = n;
@@ -657,13 +658,13 @@ impl Engine {
                         self.base.iter_mut().zip(&mut delta).zip(starts).enumerate()
                     {
                         let mut n = o + c;
-                        if let Some(u) = update.and_then(|u| u.get(i)) {
+                        if let Some((_, u)) = entries.next_if(|&(j, _)| j == i) {
                             n += u;
                         }
                         *d = n - *b;
                         *b = n;
                     }
-                    MergedUpdate::from_dense(delta)
+                    Update::from_dense(delta)
                 }
             });
         }
@@ -676,8 +677,8 @@ impl Engine {
                 .collect(),
             None => self.base.clone(),
         };
-        if let Some(update) = update {
-            for (n, u) in next.iter_mut().zip(update) {
+        for (i, u) in update.into_iter().flat_map(|u| u.nonzero()) {
+            if let Some(n) = next.get_mut(i) {
                 *n += u;
             }
         }
@@ -691,7 +692,7 @@ impl Engine {
         }
         let delta = next.iter().zip(&self.base).map(|(n, b)| n - b).collect();
         self.base = next;
-        Ok(MergedUpdate::from_dense(delta))
+        Ok(Update::from_dense(delta))
     }
 
     /// Held-out accuracy of the built-in model (`None` for an external trainer).
@@ -824,27 +825,36 @@ mod tests {
             .map(|(i, &v)| if i % 40 == 0 { v } else { 0.0 })
             .collect();
         let before = e.base.clone();
-        let delta = e.apply(None, Some(&merge)).unwrap();
+        let delta = e.apply(None, Some(merge.as_slice().into())).unwrap();
         assert!(delta.is_sparse());
         let expected: Vec<f32> = before.iter().zip(&merge).map(|(b, u)| b + u).collect();
         assert_eq!(e.base, expected);
         let change: Vec<f32> = expected.iter().zip(&before).map(|(a, b)| a - b).collect();
         assert_eq!(delta.to_dense(), change);
-        // Adopting a hub's model (its cumulative update) and applying a merge on top of it.
-        let (cumulative, merge) = (wave(1.0), wave(2.0));
-        let before = e.base.clone();
-        let delta = e.apply(Some(&cumulative), Some(&merge)).unwrap();
-        assert!(!delta.is_sparse());
-        let expected: Vec<f32> = e
-            .origin
+        // Adopting a hub's model (its cumulative update) and applying a merge on top of it,
+        // the merge dense, then kept as its nonzero entries.
+        let cumulative = wave(1.0);
+        let dense_merge = wave(2.0);
+        let sparse_merge: Vec<f32> = dense_merge
             .iter()
-            .zip(&cumulative)
-            .zip(&merge)
-            .map(|((o, c), u)| (o + c) + u)
+            .enumerate()
+            .map(|(i, &v)| if i % 7 == 3 { v } else { 0.0 })
             .collect();
-        assert_eq!(e.base, expected);
-        let change: Vec<f32> = expected.iter().zip(&before).map(|(a, b)| a - b).collect();
-        assert_eq!(delta.to_dense(), change);
+        for merge in [Update::Dense(dense_merge), Update::from_dense(sparse_merge)] {
+            let before = e.base.clone();
+            let delta = e.apply(Some(&cumulative), Some(merge.view())).unwrap();
+            assert!(!delta.is_sparse());
+            let expected: Vec<f32> = e
+                .origin
+                .iter()
+                .zip(&cumulative)
+                .zip(merge.to_dense())
+                .map(|((o, c), u)| (o + c) + u)
+                .collect();
+            assert_eq!(e.base, expected);
+            let change: Vec<f32> = expected.iter().zip(&before).map(|(a, b)| a - b).collect();
+            assert_eq!(delta.to_dense(), change);
+        }
     }
 
     #[test]

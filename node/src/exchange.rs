@@ -40,8 +40,9 @@ use futures::StreamExt;
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
 use kindred_distill::{
-    AggregateCheck, AggregateRejection, Distiller, DistillerState, MIN_GAIN_SHARE, ShardScores,
-    UpdateRef, check_adoption, check_aggregate, check_by_data, decode, synthesize,
+    AggregateCheck, AggregateRejection, Distiller, DistillerState, MIN_GAIN_SHARE, PeerUpdate,
+    ShardScores, Update, UpdateView, check_adoption, check_aggregate, check_by_data, decode,
+    decode_update, synthesize,
 };
 use kindred_proto::{Embedding, HeaderFields, ModelSpec, OutcomePacket, seal_merge};
 use kindred_routing::exchange::{
@@ -58,7 +59,6 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
 use crate::engine::{Engine, EngineError, Outgoing};
-use crate::merged::MergedUpdate;
 use crate::store::Store;
 
 /// The core's deadline, as a share of the round: the rest is for applying, evaluating and
@@ -109,18 +109,19 @@ enum Blob {
     Own {
         header: Vec<u8>,
         body: Vec<u8>,
-        sent: Arc<Vec<f32>>,
+        sent: Arc<Update>,
         samples: u64,
         loss: f32,
     },
-    /// A member's pushed update.
-    Pushed { update: Vec<f32>, samples: u64 },
+    /// A member's pushed update, kept sparse when its packet is (a hub holds one per member
+    /// until it merges).
+    Pushed { update: Update, samples: u64 },
     /// A hub's model as its cumulative update (`None`: it has none to serve yet).
     Model(Option<Vec<f32>>),
     /// A merge: a hub's own (with `raw`, the merge before distillation, and the sealed bytes
     /// it serves) or one received from its hub.
     Merge {
-        update: Vec<f32>,
+        update: Update,
         raw: Option<Vec<f32>>,
         sealed: Option<(Vec<u8>, Vec<u8>)>,
         contributors: Vec<PeerId>,
@@ -338,7 +339,7 @@ impl HubDriver {
         round: u64,
         start_ms: u64,
         round_ms: u64,
-    ) -> Result<(HubRoundStats, MergedUpdate), HubError> {
+    ) -> Result<(HubRoundStats, Update), HubError> {
         // Counters run on from between rounds ([`HubDriver::idle_until`]).
         self.finished = None;
         let deadline_ms = start_ms + (round_ms as f64 * DEADLINE_SHARE) as u64;
@@ -386,7 +387,7 @@ impl HubDriver {
                     round,
                     "the exchange did not finish its round by the deadline"
                 );
-                engine.apply(None, Some(out.sent.as_slice()))?
+                engine.apply(None, Some(out.sent.view()))?
             }
         };
         self.stats.cohort = self.core.cohort().len();
@@ -847,7 +848,7 @@ impl HubDriver {
                 if h.round != round {
                     return self.invalid(peer, "round_mismatch");
                 }
-                let Ok(update) = decode(&packet.body, &self.spec) else {
+                let Ok(update) = decode_update(&packet.body, &self.spec) else {
                     return self.invalid(peer, "undecodable_update");
                 };
                 self.stats.pushes_received += 1;
@@ -1051,7 +1052,7 @@ impl HubDriver {
                         return;
                     }
                 };
-                let Ok(update) = decode(&merge.body, &self.spec) else {
+                let Ok(update) = decode_update(&merge.body, &self.spec) else {
                     return self.invalid(from, "undecodable_update");
                 };
                 self.stats.merge_bytes += bytes as u64;
@@ -1114,7 +1115,7 @@ impl HubDriver {
         for (p, h) in members {
             if let Some(Blob::Pushed { update, samples }) = self.blobs.get(h) {
                 peers.push(*p);
-                refs.push(UpdateRef {
+                refs.push(PeerUpdate {
                     update,
                     samples: *samples,
                 });
@@ -1122,7 +1123,7 @@ impl HubDriver {
         }
         let synth = kindred_distill::SynthConfig::for_hub(refs.len());
         let synthesis = match synthesize(
-            UpdateRef {
+            PeerUpdate {
                 update: sent,
                 samples: *samples,
             },
@@ -1185,8 +1186,8 @@ impl HubDriver {
                 return Ok(None);
             }
         };
-        let update =
-            decode(&distilled.body, &self.spec).map_err(|e| EngineError::Distill(e.to_string()))?;
+        let update = decode_update(&distilled.body, &self.spec)
+            .map_err(|e| EngineError::Distill(e.to_string()))?;
         Ok(Some(Blob::Merge {
             update,
             // Only the hub's own data check reads it (none with an external trainer).
@@ -1238,24 +1239,35 @@ impl HubDriver {
             return Ok(MergeVerdict::Aggregate);
         };
         /// The node's model moved by `u`, built when a check by data asks for it.
-        fn moved(u: &[f32]) -> impl FnOnce(&Engine) -> Vec<f32> + '_ {
-            move |engine| engine.base().iter().zip(u).map(|(b, u)| b + u).collect()
+        fn moved<'a>(u: impl Into<UpdateView<'a>>) -> impl FnOnce(&Engine) -> Vec<f32> + 'a {
+            let u = u.into();
+            move |engine| {
+                let mut m = engine.base().to_vec();
+                for (i, u) in u.nonzero() {
+                    if let Some(m) = m.get_mut(i) {
+                        *m += u;
+                    }
+                }
+                m
+            }
         }
         if *hub == self.own {
-            let raw = raw.as_deref().unwrap_or(update);
-            return Ok(match data_refuses(engine, moved(sent), moved(raw))? {
-                Some(share) => {
-                    tracing::debug!(share, "the hub's data refuses its merge");
-                    MergeVerdict::Data
-                }
-                None => MergeVerdict::Pass,
-            });
+            let raw = raw.as_deref().map_or(update.view(), UpdateView::from);
+            return Ok(
+                match data_refuses(engine, moved(sent.as_ref()), moved(raw))? {
+                    Some(share) => {
+                        tracing::debug!(share, "the hub's data refuses its merge");
+                        MergeVerdict::Data
+                    }
+                    None => MergeVerdict::Pass,
+                },
+            );
         }
-        if let Err(e) = check_aggregate(sent, update, &self.check) {
+        if let Err(e) = check_aggregate(sent.as_ref(), update, &self.check) {
             tracing::info!(%hub, error = %e, "merge refused");
             return Ok(MergeVerdict::Aggregate);
         }
-        if by_data && let Some(share) = data_refuses(engine, moved(sent), moved(update))? {
+        if by_data && let Some(share) = data_refuses(engine, moved(sent.as_ref()), moved(update))? {
             tracing::info!(%hub, share, "merge refused by the node's data");
             return Ok(MergeVerdict::Data);
         }
@@ -1267,7 +1279,7 @@ impl HubDriver {
         &mut self,
         engine: &mut Engine,
         report: &RoundReport<PeerId, Handle>,
-    ) -> Result<MergedUpdate, HubError> {
+    ) -> Result<Update, HubError> {
         self.stats.role = match report.role {
             Role::Local => "local",
             Role::Hub => "hub",
@@ -1281,8 +1293,8 @@ impl HubDriver {
             _ => None,
         };
         let update = |h: &Handle| match self.blobs.get(h) {
-            Some(Blob::Merge { update, .. }) => Some(update.as_slice()),
-            Some(Blob::Own { sent, .. }) => Some(sent.as_slice()),
+            Some(Blob::Merge { update, .. }) => Some(update.view()),
+            Some(Blob::Own { sent, .. }) => Some(sent.view()),
             _ => None,
         };
         let (applied, delta) = match &report.apply {

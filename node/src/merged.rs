@@ -1,226 +1,81 @@
 //! The update a round applied, as an external trainer fetches it (`GET /v1/merged`).
 //!
-//! Why its own type: the update a member applies is a hub's merge, a top-k packet at a few
-//! percent density plus small dense layers. Kept dense, and then copied into a safetensors file
-//! for the API, it cost two model-sized vectors beside a round's peak, and the published one
-//! stayed resident through the whole next round (`kindred bench-model`: the largest terms of a
-//! node's RSS after the model, its residual and the pushes). [`MergedUpdate`] keeps the
-//! nonzero entries only when they are few, and the API writes the safetensors file from it in
-//! bounded chunks as the trainer reads ([`MergedUpdate::safetensors_chunks`]), byte for byte
-//! the file [`MergedUpdate::to_safetensors`] returns.
+//! Why chunks: the update a member applies is a hub's merge, a top-k packet at a few percent
+//! density plus small dense layers, kept as its nonzero entries ([`kindred_distill::Update`]).
+//! Copied whole into a safetensors file for the API, it cost a model-sized buffer that stayed
+//! resident through the whole next round (`kindred bench-model`: one of the largest terms of a
+//! node's RSS after the model, its residual and the pushes). The API writes the file in bounded
+//! chunks as the trainer reads ([`safetensors_chunks`]), byte for byte the file
+//! [`to_safetensors`] returns.
 //!
 //! ```
-//! use kindred_node::merged::MergedUpdate;
-//! let dense = vec![0.0, 1.5, 0.0, 0.0, 0.0, 0.0, 0.0, -2.0];
-//! let kept = MergedUpdate::from_dense(dense.clone());
+//! use kindred_distill::Update;
+//! use kindred_node::merged::{safetensors_len, to_safetensors};
+//! use kindred_proto::{DType, LayerSpec, ModelSpec};
+//! let spec = ModelSpec::new(vec![LayerSpec::new("w", [8], DType::F32)])?;
+//! let kept = Update::from_dense(vec![0.0, 1.5, 0.0, 0.0, 0.0, 0.0, 0.0, -2.0]);
 //! assert!(kept.is_sparse());
-//! assert_eq!(kept.to_dense(), dense);
+//! let file = to_safetensors(&kept, &spec)?;
+//! assert_eq!(file.len(), safetensors_len(&kept, &spec)?);
+//! assert_eq!(&file[file.len() - 4..], (-2.0f32).to_le_bytes());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
 use std::sync::Arc;
 
 use axum::body::Bytes;
+use kindred_distill::Update;
 use kindred_proto::ModelSpec;
 
-/// Bytes per chunk of [`MergedUpdate::safetensors_chunks`] (the header is one chunk of its own).
+/// Bytes per chunk of [`safetensors_chunks`] (the header is one chunk of its own).
 pub const CHUNK_BYTES: usize = 4 << 20;
 
-/// An applied update: dense, or its nonzero entries when at most a quarter of them are nonzero
-/// (12 bytes an entry against 4 an element, so sparse is at most 75% of dense).
-#[derive(Debug, Clone, PartialEq)]
-pub enum MergedUpdate {
-    /// Every element, flat in model order.
-    Dense(Vec<f32>),
-    /// The nonzero elements: `indices` strictly increasing, below `len`; `values[i]` at
-    /// `indices[i]`, zero elsewhere.
-    Sparse {
-        /// Elements of the whole update.
-        len: usize,
-        /// Flat positions, increasing.
-        indices: Vec<u64>,
-        /// Values at those positions.
-        values: Vec<f32>,
-    },
+/// Little-endian bytes of elements `[start, start + n)` of `update`, `n` = what fits in
+/// [`CHUNK_BYTES`] (or what is left).
+fn chunk_le(update: &Update, start: usize) -> Vec<u8> {
+    let n = (CHUNK_BYTES / 4).min(update.len().saturating_sub(start));
+    let mut values = vec![0.0f32; n];
+    update.fill(start, &mut values);
+    kindred_distill::f32_le_bytes(&values).into_owned()
 }
 
-impl MergedUpdate {
-    /// The smaller form of `dense` (see the type's docs).
-    pub fn from_dense(dense: Vec<f32>) -> Self {
-        let nonzero = dense.iter().filter(|v| **v != 0.0).count();
-        if nonzero > dense.len() / 4 {
-            return Self::Dense(dense);
-        }
-        let mut indices = Vec::with_capacity(nonzero);
-        let mut values = Vec::with_capacity(nonzero);
-        for (i, &v) in dense.iter().enumerate() {
-            if v != 0.0 {
-                indices.push(i as u64);
-                values.push(v);
-            }
-        }
-        Self::Sparse {
-            len: dense.len(),
-            indices,
-            values,
-        }
+/// The safetensors file of `update` for `spec` (one f32 tensor per layer, in spec order): what
+/// `GET /v1/merged` serves.
+///
+/// # Errors
+/// When the update does not have the spec's length.
+pub fn to_safetensors(update: &Update, spec: &ModelSpec) -> Result<Vec<u8>, String> {
+    let mut out = safetensors_header(spec, update.len())?;
+    out.reserve(update.len() * 4);
+    for start in (0..update.len()).step_by(CHUNK_BYTES / 4) {
+        out.extend_from_slice(&chunk_le(update, start));
     }
-
-    /// Elements of the whole update.
-    pub fn len(&self) -> usize {
-        match self {
-            Self::Dense(v) => v.len(),
-            Self::Sparse { len, .. } => *len,
-        }
-    }
-
-    /// Whether the update has no elements.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Whether only the nonzero entries are kept.
-    pub fn is_sparse(&self) -> bool {
-        matches!(self, Self::Sparse { .. })
-    }
-
-    /// Every element, flat in model order.
-    pub fn to_dense(&self) -> Vec<f32> {
-        let mut out = vec![0.0; self.len()];
-        self.fill(0, &mut out);
-        out
-    }
-
-    /// Elements `[start, start + out.len())` into `out`.
-    fn fill(&self, start: usize, out: &mut [f32]) {
-        match self {
-            Self::Dense(v) => {
-                if let Some(src) = v.get(start..start + out.len()) {
-                    out.copy_from_slice(src);
-                }
-            }
-            Self::Sparse {
-                indices, values, ..
-            } => {
-                out.fill(0.0);
-                let from = indices.partition_point(|&i| i < start as u64);
-                let end = (start + out.len()) as u64;
-                for (&i, &v) in indices.iter().zip(values).skip(from) {
-                    if i >= end {
-                        break;
-                    }
-                    if let Some(slot) = out.get_mut(i as usize - start) {
-                        *slot = v;
-                    }
-                }
-            }
-        }
-    }
-
-    /// Little-endian bytes of elements `[start, start + n)`, `n` = what fits in
-    /// [`CHUNK_BYTES`] (or what is left).
-    fn chunk_le(&self, start: usize) -> Vec<u8> {
-        let n = (CHUNK_BYTES / 4).min(self.len().saturating_sub(start));
-        let mut values = vec![0.0f32; n];
-        self.fill(start, &mut values);
-        kindred_distill::f32_le_bytes(&values).into_owned()
-    }
-
-    /// The safetensors file of this update for `spec` (one f32 tensor per layer, in spec
-    /// order): what `GET /v1/merged` serves.
-    ///
-    /// # Errors
-    /// When the update does not have the spec's length.
-    pub fn to_safetensors(&self, spec: &ModelSpec) -> Result<Vec<u8>, String> {
-        let mut out = safetensors_header(spec, self.len())?;
-        out.reserve(self.len() * 4);
-        for start in (0..self.len()).step_by(CHUNK_BYTES / 4) {
-            out.extend_from_slice(&self.chunk_le(start));
-        }
-        Ok(out)
-    }
-
-    /// Bytes of [`MergedUpdate::to_safetensors`].
-    ///
-    /// # Errors
-    /// When the update does not have the spec's length.
-    pub fn safetensors_len(&self, spec: &ModelSpec) -> Result<usize, String> {
-        Ok(safetensors_header(spec, self.len())?.len() + self.len() * 4)
-    }
-
-    /// The safetensors file in chunks of at most [`CHUNK_BYTES`] after the header, each made
-    /// when the iterator reaches it: the file is never whole in memory.
-    ///
-    /// # Errors
-    /// When the update does not have the spec's length.
-    pub fn safetensors_chunks(
-        self: Arc<Self>,
-        spec: &ModelSpec,
-    ) -> Result<impl Iterator<Item = Bytes> + Send + 'static, String> {
-        let header = safetensors_header(spec, self.len())?;
-        let len = self.len();
-        let data = (0..len)
-            .step_by(CHUNK_BYTES / 4)
-            .map(move |start| Bytes::from(self.chunk_le(start)));
-        Ok(std::iter::once(Bytes::from(header)).chain(data))
-    }
+    Ok(out)
 }
 
-/// Collects an update entry by entry in position order (the external trainer's apply): sparse
-/// while at most a quarter of its elements are nonzero, dense from then on, so it never holds
-/// more than a dense vector and a quarter's entries.
-#[derive(Debug)]
-pub struct SparseBuilder {
-    len: usize,
-    indices: Vec<u64>,
-    values: Vec<f32>,
-    dense: Option<Vec<f32>>,
+/// Bytes of [`to_safetensors`].
+///
+/// # Errors
+/// When the update does not have the spec's length.
+pub fn safetensors_len(update: &Update, spec: &ModelSpec) -> Result<usize, String> {
+    Ok(safetensors_header(spec, update.len())?.len() + update.len() * 4)
 }
 
-impl SparseBuilder {
-    /// A builder of an update of `len` elements.
-    pub fn new(len: usize) -> Self {
-        Self {
-            len,
-            indices: Vec::new(),
-            values: Vec::new(),
-            dense: None,
-        }
-    }
-
-    /// Record `value` at `index` (below `len`); zeros are skipped. Indices must increase.
-    pub fn push(&mut self, index: usize, value: f32) {
-        if value == 0.0 {
-            return;
-        }
-        if let Some(dense) = &mut self.dense {
-            if let Some(slot) = dense.get_mut(index) {
-                *slot = value;
-            }
-            return;
-        }
-        self.indices.push(index as u64);
-        self.values.push(value);
-        if self.indices.len() > self.len / 4 {
-            let sparse = MergedUpdate::Sparse {
-                len: self.len,
-                indices: std::mem::take(&mut self.indices),
-                values: std::mem::take(&mut self.values),
-            };
-            self.dense = Some(sparse.to_dense());
-        }
-    }
-
-    /// The update.
-    pub fn finish(self) -> MergedUpdate {
-        match self.dense {
-            Some(dense) => MergedUpdate::Dense(dense),
-            None => MergedUpdate::Sparse {
-                len: self.len,
-                indices: self.indices,
-                values: self.values,
-            },
-        }
-    }
+/// The safetensors file in chunks of at most [`CHUNK_BYTES`] after the header, each made when
+/// the iterator reaches it: the file is never whole in memory.
+///
+/// # Errors
+/// When the update does not have the spec's length.
+pub fn safetensors_chunks(
+    update: Arc<Update>,
+    spec: &ModelSpec,
+) -> Result<impl Iterator<Item = Bytes> + Send + 'static, String> {
+    let header = safetensors_header(spec, update.len())?;
+    let len = update.len();
+    let data = (0..len)
+        .step_by(CHUNK_BYTES / 4)
+        .map(move |start| Bytes::from(chunk_le(&update, start)));
+    Ok(std::iter::once(Bytes::from(header)).chain(data))
 }
 
 /// The safetensors header (8-byte little-endian length, then the JSON, padded with spaces to a
@@ -298,34 +153,16 @@ mod tests {
         let mut dense = vec![0.0f32; 16];
         dense[2] = 1.25;
         dense[15] = -3.0;
-        let sparse = MergedUpdate::from_dense(dense.clone());
+        let sparse = Update::from_dense(dense.clone());
         assert!(sparse.is_sparse());
-        let full = MergedUpdate::Dense(dense.clone());
+        let full = Update::Dense(dense.clone());
         let expected = crate::api::update_to_safetensors(&dense, &spec).unwrap();
         for u in [&sparse, &full] {
-            let file = u.to_safetensors(&spec).unwrap();
-            assert_eq!(file.len(), u.safetensors_len(&spec).unwrap());
+            let file = to_safetensors(u, &spec).unwrap();
+            assert_eq!(file.len(), safetensors_len(u, &spec).unwrap());
             assert_eq!(parsed(&file), parsed(&expected));
             assert_eq!(u.to_dense(), dense);
         }
-    }
-
-    #[test]
-    fn a_quarter_nonzero_stays_sparse_and_more_goes_dense() {
-        let mut v = vec![0.0f32; 16];
-        for x in v.iter_mut().take(4) {
-            *x = 1.0;
-        }
-        assert!(MergedUpdate::from_dense(v.clone()).is_sparse());
-        v[4] = 1.0;
-        assert!(!MergedUpdate::from_dense(v.clone()).is_sparse());
-        let mut b = SparseBuilder::new(v.len());
-        for (i, &x) in v.iter().enumerate() {
-            b.push(i, x);
-        }
-        let built = b.finish();
-        assert!(!built.is_sparse());
-        assert_eq!(built.to_dense(), v);
     }
 
     #[test]
@@ -333,17 +170,17 @@ mod tests {
         // Three chunks of data: the last one partial.
         let n = CHUNK_BYTES / 4 * 2 + 5;
         let spec = ModelSpec::new(vec![LayerSpec::new("w", [n as u32], DType::F32)]).unwrap();
-        let mut b = SparseBuilder::new(n);
+        let mut b = kindred_distill::UpdateBuilder::new(n);
         for i in (0..n).step_by(97) {
             b.push(i, i as f32);
         }
         let u = Arc::new(b.finish());
         assert!(u.is_sparse());
-        let chunks: Vec<Bytes> = u.clone().safetensors_chunks(&spec).unwrap().collect();
+        let chunks: Vec<Bytes> = safetensors_chunks(u.clone(), &spec).unwrap().collect();
         assert_eq!(chunks.len(), 4);
         assert!(chunks.iter().skip(1).all(|c| c.len() <= CHUNK_BYTES));
         let file: Vec<u8> = chunks.concat();
-        assert_eq!(file, u.to_safetensors(&spec).unwrap());
+        assert_eq!(file, to_safetensors(&u, &spec).unwrap());
         let dense = u.to_dense();
         let st = safetensors::SafeTensors::deserialize(&file).unwrap();
         let data = st.tensor("w").unwrap().data().to_vec();
@@ -353,10 +190,6 @@ mod tests {
 
     #[test]
     fn a_wrong_length_is_refused() {
-        assert!(
-            MergedUpdate::Dense(vec![0.0; 3])
-                .to_safetensors(&spec())
-                .is_err()
-        );
+        assert!(to_safetensors(&Update::Dense(vec![0.0; 3]), &spec()).is_err());
     }
 }

@@ -26,7 +26,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
-use kindred_distill::{Pull, PullConfig};
+use kindred_distill::{Pull, PullConfig, Update};
 use kindred_proto::PacketId;
 use kindred_routing::{
     Follower, NetworkId, PacketStore, PartnerQuery, RoundPlan, RoutingConfig, RoutingHandle,
@@ -40,7 +40,6 @@ use crate::api::{self, MAX_HISTORY, RoundRecord, RoundTimings, Shared, SnapshotR
 use crate::config::{ExchangeKind, NodeConfig};
 use crate::engine::{Engine, EngineError, ExternalUpdate, MergeReport, PeerPacket};
 use crate::exchange::{HubDriver, HubRoundStats, exchange_config};
-use crate::merged::MergedUpdate;
 use crate::metrics::NodeMetrics;
 use crate::store::Store;
 
@@ -473,7 +472,7 @@ async fn run_round(
     let snapshot = exchange_snapshots(engine, ctx, &mut report, round, start + t_ms).await;
     let exchanged = std::time::Instant::now();
     let accuracy = tokio::task::block_in_place(|| engine.accuracy())?;
-    let merged = MergedUpdate::from_dense(std::mem::take(&mut report.merged));
+    let merged = Update::from_dense(std::mem::take(&mut report.merged));
     // Replay marks first: the round commit below flushes them with it.
     if let Some(marks) = routing.replay_marks().await {
         engine.store().put_replay_marks(&marks)?;
@@ -669,7 +668,7 @@ async fn publish_round(
     routing: &RoutingHandle,
     shared: &Shared,
     round: u64,
-    merged: MergedUpdate,
+    merged: Update,
 ) -> (
     Option<kindred_routing::NodeInfo>,
     Option<kindred_routing::RoutingMetrics>,
