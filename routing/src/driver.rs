@@ -291,13 +291,7 @@ impl Driver {
                 let _ = reply.send(metrics);
             }
             Command::Info { reply } => {
-                let routing_table = self
-                    .swarm
-                    .behaviour_mut()
-                    .kad
-                    .kbuckets()
-                    .map(|b| b.num_entries())
-                    .sum();
+                let routing_table = self.routing_table_len();
                 let info = NodeInfo {
                     peer_id: *self.swarm.local_peer_id(),
                     listen_addrs: self.swarm.listeners().cloned().collect(),
@@ -886,6 +880,9 @@ impl Driver {
             (QueryCtx::Providers(lookup, key), QueryResult::GetProviders(result)) => {
                 if let Ok(GetProvidersOk::FoundProviders { providers, .. }) = result {
                     self.core.handle_providers(lookup, key, providers, now);
+                    let whole_table = self.routing_table_len() < kad::K_VALUE.get();
+                    self.core
+                        .handle_walk_progress(lookup, key, stats.num_successes(), whole_table);
                 }
                 if step.last {
                     self.queries.remove(&id);
@@ -935,6 +932,16 @@ impl Driver {
                 }
             }
         }
+    }
+
+    /// Peers in the Kademlia routing table.
+    fn routing_table_len(&mut self) -> usize {
+        self.swarm
+            .behaviour_mut()
+            .kad
+            .kbuckets()
+            .map(|b| b.num_entries())
+            .sum()
     }
 
     /// A bootstrap query ended: answer whoever asked for it.

@@ -190,6 +190,8 @@ pub(crate) struct KeyState {
     done: bool,
     /// DHT responses that carried providers.
     answers: usize,
+    /// The walk was asked to end ([`crate::Output::FinishProviderLookup`]).
+    finishing: bool,
     providers: HashSet<PeerId>,
 }
 
@@ -331,6 +333,7 @@ impl RoutingCore {
                     value,
                     done: false,
                     answers: 0,
+                    finishing: false,
                     providers: HashSet::new(),
                 });
             }
@@ -472,12 +475,45 @@ impl RoutingCore {
         // Kademlia reports every response, most with no providers; only holders count.
         if carried {
             k.answers += 1;
-            if quorum > 0 && k.answers == quorum && !k.done {
+            if quorum > 0 && k.answers >= quorum && !k.done && !k.finishing {
+                k.finishing = true;
                 self.outputs
                     .push_back(Output::FinishProviderLookup { lookup, key });
             }
         }
         self.advance(lookup, now);
+    }
+
+    /// The DHT walk of `key` has had `answered` answers so far (Kademlia's
+    /// `QueryStats::num_successes`). `whole_table`: the node's routing table holds fewer peers
+    /// than one DHT answer lists, so the walk asked the key's closest peers first; then
+    /// [`crate::LookupConfig::empty_quorum`] answers without a record end it.
+    pub fn handle_walk_progress(
+        &mut self,
+        lookup: LookupId,
+        key: SemanticKey,
+        answered: u32,
+        whole_table: bool,
+    ) {
+        let quorum = self.config.lookup.empty_quorum;
+        let Some(k) = self
+            .lookups
+            .get_mut(&lookup)
+            .and_then(|l| l.keys.get_mut(&key))
+        else {
+            return;
+        };
+        if whole_table
+            && quorum > 0
+            && k.answers == 0
+            && usize::try_from(answered).is_ok_and(|a| a >= quorum)
+            && !k.done
+            && !k.finishing
+        {
+            k.finishing = true;
+            self.outputs
+                .push_back(Output::FinishProviderLookup { lookup, key });
+        }
     }
 
     /// The provider lookup of `key` finished after `kad_requests` Kademlia requests.

@@ -673,6 +673,52 @@ fn provider_lookups_end_at_the_quorum() {
     );
 }
 
+/// In a swarm whose routing table is whole (fewer peers than one DHT answer lists), a key
+/// nobody announced costs `empty_quorum` answers, not Kademlia's full termination; in a larger
+/// swarm, or once an answer carried a record, the empty answers end nothing.
+#[test]
+fn lookups_of_empty_keys_end_early_only_in_a_whole_table() {
+    let now = Instant::now();
+    let cfg = config();
+    assert_eq!(cfg.lookup.empty_quorum, 2);
+    let mut nodes = cluster(2, 1, &cfg, 8);
+    let b = nodes[1].peer();
+    let a = &mut nodes[0];
+    let query = PartnerQuery::new(a.packet.header.clone(), a.margins.clone(), Arc::new(spec()));
+    let id = a.core.start_lookup(query, now).unwrap();
+    let keys = provider_lookups(&mut a.core);
+    assert!(keys.len() >= 3, "{keys:?}");
+    let finished = |out: &[Output], key| {
+        out.iter()
+            .filter(|o| matches!(o, Output::FinishProviderLookup { key: k, .. } if *k == key))
+            .count()
+    };
+    // A whole table: the first answer does not end the walk, the second does, once.
+    let whole = keys[0];
+    a.core.handle_providers(id, whole, [], now);
+    a.core.handle_walk_progress(id, whole, 1, true);
+    assert_eq!(finished(&drain(&mut a.core), whole), 0);
+    for answered in 2..5 {
+        a.core.handle_providers(id, whole, [], now);
+        a.core.handle_walk_progress(id, whole, answered, true);
+    }
+    assert_eq!(finished(&drain(&mut a.core), whole), 1);
+    // A larger swarm: the walk runs to Kademlia's termination.
+    let large = keys[1];
+    for answered in 1..10 {
+        a.core.handle_providers(id, large, [], now);
+        a.core.handle_walk_progress(id, large, answered, false);
+    }
+    assert_eq!(finished(&drain(&mut a.core), large), 0);
+    // A key with a record: the provider quorum decides, not the empty answers.
+    let held = keys[2];
+    a.core.handle_providers(id, held, [b], now);
+    a.core.handle_walk_progress(id, held, 1, true);
+    a.core.handle_providers(id, held, [], now);
+    a.core.handle_walk_progress(id, held, 2, true);
+    assert_eq!(finished(&drain(&mut a.core), held), 0);
+}
+
 /// The driver notes a provider's addresses on `ProviderFound` and dials it with them when its
 /// header request goes out: so each new provider is reported once, before its request, never
 /// the node itself, and no more than the lookup's provider cap.

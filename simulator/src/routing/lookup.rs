@@ -47,6 +47,10 @@ pub struct KadParams {
     /// the initiator); 0 runs to Kademlia's own termination. Default 2
     /// (`kindred_routing::LookupConfig::provider_quorum`).
     pub provider_quorum: usize,
+    /// A `GET_PROVIDERS` lookup whose initiator's table holds fewer than 20 peers (one
+    /// answer's worth) also ends once this many responses came back and none carried
+    /// providers. Default 2 (`kindred_routing::LookupConfig::empty_quorum`).
+    pub empty_quorum: usize,
     /// Most distinct providers a round lookup keeps (and asks for headers). Default 768
     /// (`kindred_routing::LookupConfig::max_providers`).
     pub max_providers: usize,
@@ -64,6 +68,7 @@ impl Default for KadParams {
             query_timeout: kad.query_timeout.as_micros() as Micros,
             max_providers_per_key: kad.max_providers_per_key,
             provider_quorum: kindred_routing::LookupConfig::default().provider_quorum,
+            empty_quorum: kindred_routing::LookupConfig::default().empty_quorum,
             max_providers: kindred_routing::LookupConfig::default().max_providers,
         }
     }
@@ -229,6 +234,9 @@ pub fn run(net: &Net<'_>, job: &Job) -> Outcome {
     let mut provs: Vec<u32> = Vec::new();
     let mut feed: Vec<(u64, u32)> = Vec::with_capacity(80);
     let mut carried = 0usize;
+    let mut answered = 0usize;
+    // The initiator's table fits in one answer: the walk asks the key's closest peers first.
+    let whole_table = scratch.len() < 20;
     let deadline = job.start + p.query_timeout;
     let mut now = job.start;
     let q = job.querier;
@@ -317,12 +325,24 @@ pub fn run(net: &Net<'_>, job: &Job) -> Outcome {
                 );
                 it.on_success(ev.dist, feed.iter().copied());
                 // The routing core finishes a provider lookup once `quorum` holders answered.
+                answered += 1;
                 if provs.iter().any(|&pr| pr != q) {
                     carried += 1;
                     if p.provider_quorum > 0 && carried == p.provider_quorum {
                         it.finish();
                         break;
                     }
+                }
+                // ... and, in a swarm whose tables are whole, once `empty_quorum` answered
+                // without a record.
+                if job.kind == Kind::GetProviders
+                    && whole_table
+                    && carried == 0
+                    && p.empty_quorum > 0
+                    && answered >= p.empty_quorum
+                {
+                    it.finish();
+                    break;
                 }
             }
             EvKind::Failure => {
