@@ -221,6 +221,16 @@ impl Distiller {
             .embed(&self.layout, update, self.running_mean())
     }
 
+    /// The embedding the weighted sum `Σ coefficient · vector` would get now, formed a layer at
+    /// a time ([`Embedder::embed_sum`]), without changing any state.
+    ///
+    /// # Errors
+    /// [`EmbedError`] on a length mismatch or a non-finite value.
+    pub fn embed_sum(&self, terms: &[(&[f32], f32)]) -> Result<Embedded, EmbedError> {
+        self.embedder
+            .embed_sum(&self.layout, terms, self.running_mean())
+    }
+
     /// Fold an accepted peer update (decoded, dense) into the running mean that centres
     /// embeddings. This never touches the residuals: merged or peer updates must not feed back into
     /// error feedback.

@@ -153,11 +153,47 @@ impl Embedder {
         update: &[f32],
         mean: Option<&[f32]>,
     ) -> Result<Embedded, EmbedError> {
+        self.embed_sum(layout, &[(update, 1.0)], mean)
+    }
+
+    /// Embed the weighted sum `Σ coefficient · vector` of model-sized vectors without
+    /// materialising it: the sum is formed one layer at a time in a buffer the size of the
+    /// largest layer (a node keys on `model − origin + update`, three vectors of a model's size
+    /// each, and a fourth would be one more model in memory at a round's peak). One term of
+    /// coefficient 1 is read in place, as [`Embedder::embed`] does.
+    ///
+    /// ```
+    /// use kindred_distill::{Embedder, EmbeddingConfig, Layout};
+    /// use kindred_proto::{DType, LayerSpec, ModelSpec};
+    ///
+    /// let spec = ModelSpec::new(vec![
+    ///     LayerSpec::new("w", [8, 8], DType::F32),
+    ///     LayerSpec::new("b", [8], DType::F32),
+    /// ])?;
+    /// let layout = Layout::new(&spec);
+    /// let embedder = Embedder::new(EmbeddingConfig::default())?;
+    /// let (a, b): (Vec<f32>, Vec<f32>) = (0..72).map(|i| ((i as f32).sin(), 0.5)).unzip();
+    /// let difference: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x - y).collect();
+    /// assert_eq!(
+    ///     embedder.embed_sum(&layout, &[(&a, 1.0), (&b, -1.0)], None)?,
+    ///     embedder.embed(&layout, &difference, None)?,
+    /// );
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`EmbedError`] on a length mismatch or a non-finite value (of the sum).
+    pub fn embed_sum(
+        &self,
+        layout: &Layout,
+        terms: &[(&[f32], f32)],
+        mean: Option<&[f32]>,
+    ) -> Result<Embedded, EmbedError> {
         let expected = layout.len();
-        if update.len() != expected {
+        if let Some((t, _)) = terms.iter().find(|(t, _)| t.len() != expected) {
             return Err(EmbedError::Length {
                 expected,
-                found: update.len(),
+                found: t.len(),
             });
         }
         let mean = match mean {
@@ -175,8 +211,22 @@ impl Embedder {
         let dim = self.config.sketch_dim;
         let mut total = vec![0f32; dim];
         let mut scratch = vec![0f32; dim];
+        let mut sum: Vec<f32> = Vec::new();
         for (layer, range) in layout.ranges().enumerate() {
-            let x = update.get(range.clone()).unwrap_or_default();
+            let x: &[f32] = match terms {
+                [(t, c)] if *c == 1.0 => t.get(range.clone()).unwrap_or_default(),
+                _ => {
+                    sum.clear();
+                    sum.resize(range.len(), 0.0);
+                    for (t, c) in terms {
+                        let part = t.get(range.clone()).unwrap_or_default();
+                        for (s, &v) in sum.iter_mut().zip(part) {
+                            *s += c * v;
+                        }
+                    }
+                    &sum
+                }
+            };
             let c = mean.and_then(|m| m.get(range.clone()));
             let sketch = |x: &[f32], c: Option<&[f32]>, scratch: &mut [f32]| {
                 scratch.fill(0.0);

@@ -181,3 +181,43 @@ fn the_largest_finite_values_embed_like_their_direction() {
     let out = d.distill(&huge).unwrap();
     assert_eq!(out.body.layers.len(), 5);
 }
+
+/// A node keys on `model − origin + update` summed a layer at a time: the embedding is exactly
+/// that of the summed vector, and terms of the wrong length are refused.
+#[test]
+fn a_sum_embeds_exactly_like_the_summed_vector() {
+    let spec = common::spec();
+    let n = spec.numel() as usize;
+    let d = Distiller::new(spec, Policy::default(), EmbeddingConfig::default()).unwrap();
+    for seed in 0..4 {
+        let (base, origin, update) = (
+            common::update(n, 3 * seed),
+            common::update(n, 3 * seed + 1),
+            common::update(n, 3 * seed + 2),
+        );
+        let summed: Vec<f32> = base
+            .iter()
+            .zip(&origin)
+            .zip(&update)
+            .map(|((b, o), u)| b - o + u)
+            .collect();
+        let terms = [(&base[..], 1.0), (&origin[..], -1.0), (&update[..], 1.0)];
+        assert_eq!(d.embed_sum(&terms).unwrap(), d.embed(&summed).unwrap());
+        assert_eq!(
+            d.embed_sum(&[(&update[..], 1.0)]).unwrap(),
+            d.embed(&update).unwrap()
+        );
+    }
+    let short = vec![0.5f32; n - 1];
+    let full = common::update(n, 1);
+    assert!(matches!(
+        d.embed_sum(&[(&full[..], 1.0), (&short[..], 1.0)]),
+        Err(EmbedError::Length { found, .. }) if found == n - 1
+    ));
+    // A sum that overflows is a non-finite value, as the materialised sum would be.
+    let big = vec![f32::MAX; n];
+    assert!(matches!(
+        d.embed_sum(&[(&big[..], 1.0), (&big[..], 1.0)]),
+        Err(EmbedError::NonFinite { .. })
+    ));
+}

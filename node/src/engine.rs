@@ -387,16 +387,10 @@ impl Engine {
         // Key on where this node's model is heading: its cumulative update including this round.
         // One round's update is mostly minibatch noise once training converges; the cumulative
         // update keeps the task's signal (same-task nodes stay at high cosine, other tasks low).
-        let cumulative: Vec<f32> = self
-            .base
-            .iter()
-            .zip(&self.origin)
-            .zip(&update)
-            .map(|((b, o), u)| b - o + u)
-            .collect();
+        // Summed a layer at a time: no fourth model-sized vector at the round's peak.
         let embedded = self
             .distiller
-            .embed(&cumulative)
+            .embed_sum(&[(&self.base, 1.0), (&self.origin, -1.0), (&update, 1.0)])
             .map_err(|e| EngineError::Distill(e.to_string()))?;
         let fields = HeaderFields {
             round,
