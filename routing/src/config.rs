@@ -44,7 +44,12 @@ pub struct LookupConfig {
     /// (no answer brings a closer peer), keeps `k` requests in flight until the `k` closest
     /// have answered: in the 16-node `kindred demo` a lookup of a key nobody announced took
     /// 9-15 requests, each answered with a list of 15 peers (about 1.3 KB); with this, 3.
-    /// 0 lets such lookups run to Kademlia's own termination.
+    /// The table's size is the only sign of a small swarm libp2p gives: a node that joined a
+    /// swarm of a few dozen and has not met 20 of them yet may end a walk before it reached the
+    /// key's holders; its tables fill within its first rounds (the join, libp2p's bootstraps,
+    /// the peers that dial it), and a search that found nobody is repeated
+    /// (`ExchangeConfig::search_every`'s rules). 0 lets such lookups run to Kademlia's own
+    /// termination.
     pub empty_quorum: usize,
     /// Shards of each hot band a refresh lookup ([`crate::PartnerQuery::refresh`]) asks,
     /// instead of all of them. Default 2. A full lookup asks every shard, so the traffic of
