@@ -190,8 +190,6 @@ pub(crate) struct KeyState {
     done: bool,
     /// DHT responses that carried providers.
     answers: usize,
-    /// The walk was asked to end ([`crate::Output::FinishProviderLookup`]).
-    finishing: bool,
     providers: HashSet<PeerId>,
 }
 
@@ -333,7 +331,6 @@ impl RoutingCore {
                     value,
                     done: false,
                     answers: 0,
-                    finishing: false,
                     providers: HashSet::new(),
                 });
             }
@@ -475,8 +472,7 @@ impl RoutingCore {
         // Kademlia reports every response, most with no providers; only holders count.
         if carried {
             k.answers += 1;
-            if quorum > 0 && k.answers >= quorum && !k.done && !k.finishing {
-                k.finishing = true;
+            if quorum > 0 && k.answers == quorum && !k.done {
                 self.outputs
                     .push_back(Output::FinishProviderLookup { lookup, key });
             }
@@ -487,7 +483,8 @@ impl RoutingCore {
     /// The DHT walk of `key` has had `answered` answers so far (Kademlia's
     /// `QueryStats::num_successes`). `whole_table`: the node's routing table holds fewer peers
     /// than one DHT answer lists, so the walk asked the key's closest peers first; then
-    /// [`crate::LookupConfig::empty_quorum`] answers without a record end it.
+    /// [`crate::LookupConfig::empty_quorum`] answers without a record end it (once: each
+    /// answer is one step, so `answered` passes the quorum once).
     pub fn handle_walk_progress(
         &mut self,
         lookup: LookupId,
@@ -506,11 +503,9 @@ impl RoutingCore {
         if whole_table
             && quorum > 0
             && k.answers == 0
-            && usize::try_from(answered).is_ok_and(|a| a >= quorum)
+            && usize::try_from(answered).is_ok_and(|a| a == quorum)
             && !k.done
-            && !k.finishing
         {
-            k.finishing = true;
             self.outputs
                 .push_back(Output::FinishProviderLookup { lookup, key });
         }

@@ -209,16 +209,26 @@ fn answer(
     );
 }
 
+/// libp2p-kad's `K_VALUE`: a walk is seeded with this many of the initiator's closest table
+/// entries (and a `FIND_NODE` lookup wants this many results).
+const K_VALUE: usize = 20;
+
 /// Run `job` on `net` to completion.
 pub fn run(net: &Net<'_>, job: &Job) -> Outcome {
     let p = net.params;
     let num_results = match job.kind {
-        Kind::FindNode => 20,
+        Kind::FindNode => K_VALUE,
         _ => p.replication,
     };
     let mut scratch: Vec<(u64, u32)> = Vec::with_capacity(64);
-    net.tables
-        .closest(net.ids, job.querier, job.target, 20, u32::MAX, &mut scratch);
+    net.tables.closest(
+        net.ids,
+        job.querier,
+        job.target,
+        K_VALUE,
+        u32::MAX,
+        &mut scratch,
+    );
     let mut it = ClosestIter::new(
         IterConfig {
             parallelism: p.alpha,
@@ -235,8 +245,9 @@ pub fn run(net: &Net<'_>, job: &Job) -> Outcome {
     let mut feed: Vec<(u64, u32)> = Vec::with_capacity(80);
     let mut carried = 0usize;
     let mut answered = 0usize;
-    // The initiator's table fits in one answer: the walk asks the key's closest peers first.
-    let whole_table = scratch.len() < 20;
+    // The seed did not fill: the initiator's table is whole, and the walk asks the key's
+    // closest peers first.
+    let whole_table = scratch.len() < K_VALUE;
     let deadline = job.start + p.query_timeout;
     let mut now = job.start;
     let q = job.querier;
@@ -324,8 +335,8 @@ pub fn run(net: &Net<'_>, job: &Job) -> Outcome {
                         .map(|&pr| (net.ids.id(pr) ^ job.target, pr)),
                 );
                 it.on_success(ev.dist, feed.iter().copied());
-                // The routing core finishes a provider lookup once `quorum` holders answered.
                 answered += 1;
+                // The routing core finishes a provider lookup once `quorum` holders answered...
                 if provs.iter().any(|&pr| pr != q) {
                     carried += 1;
                     if p.provider_quorum > 0 && carried == p.provider_quorum {
