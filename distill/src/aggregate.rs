@@ -17,6 +17,12 @@
 //! A member whose check fails applies its own update for the round and bans the hub for a
 //! while (`kindred_routing::exchange::ExchangeConfig::ban_rounds`).
 //!
+//! - **Output layer** (a node with its own data): the merge's output layer must point at the
+//!   member's own labels ([`check_head`]). Another task's merge, its classes in another
+//!   order, keeps the direction and the norm of an honest one (the first layer dominates
+//!   both) and costs a member's data about as little in one round; its output layer's rows
+//!   point at the wrong classes' features.
+//!
 //! Before a member first pushes to a hub it also asks its own data about the hub's model
 //! ([`check_by_data`]): another task's model, or a corrupted one, keeps little of what the
 //! member's own training gained on its shard. The same rule checks each merge a node applies,
@@ -71,6 +77,10 @@ pub enum AggregateRejection {
     /// gain over the common initial model ([`check_by_data`]).
     #[error("the model keeps {0} of the own model's gain on the member's data")]
     Data(f32),
+    /// The merge's output layer does not point at the member's labels: its alignment with
+    /// them ([`check_head`]) is this, below the minimum.
+    #[error("the merge's output layer aligns {0} with the member's labels")]
+    Head(f32),
 }
 
 impl AggregateRejection {
@@ -82,6 +92,7 @@ impl AggregateRejection {
             Self::Direction(_) => "direction",
             Self::Norm(_) => "norm",
             Self::Data(_) => "data",
+            Self::Head(_) => "head",
         }
     }
 }
@@ -275,6 +286,57 @@ pub fn check_by_data(
         Some(share) if share < min_share => Err(AggregateRejection::Data(share)),
         share => Ok(share),
     }
+}
+
+/// Lowest alignment of a merge's output layer with the member's own labels that a member
+/// accepts ([`check_head`]; the trainer measures it, `kindred_trainer::Model::head_alignment`).
+/// Measured on every merge a member checked (`kindred-sim learn --nodes 64 --setting
+/// iid|label|rotation --seed 2 --policies kindred`, 1,626-1,736 checks a run, 2026-11-29):
+/// honest merges 0.29-0.91 (1st percentile 0.37-0.50), steady from the first round to the
+/// last; the same merges with the output layer's rows rolled by one class, another task's
+/// merge, −0.35 to 0.11 (99th percentile at most 0.03). The cosine of that layer with the
+/// member's own update could not tell them apart: one round's update is minibatch noise late
+/// in training, the shard's class means are not.
+pub const MIN_HEAD_ALIGNMENT: f32 = 0.2;
+
+/// Fewest labelled examples from which a member's class means tell an honest merge's output
+/// layer from another task's ([`check_head`]). Shards of 125 digits separated them at every
+/// merge ([`MIN_HEAD_ALIGNMENT`]); from shards of 8 (`kindred-sim learn --nodes 1000`) the class
+/// means are mostly sampling noise, and honest merges fell to about 0 in a cohort's first rounds.
+pub const MIN_HEAD_EXAMPLES: usize = 100;
+
+/// Whether a member accepts a merge whose output layer aligns `alignment` with its own labels,
+/// measured on `examples` labelled examples (`kindred_trainer::Model::head_alignment`): at least
+/// `min` (see [`MIN_HEAD_ALIGNMENT`]). Returns the alignment, or `None` when there are fewer than
+/// [`MIN_HEAD_EXAMPLES`] examples and the data cannot tell.
+///
+/// ```
+/// use kindred_distill::{AggregateRejection, MIN_HEAD_ALIGNMENT, check_head};
+///
+/// assert_eq!(check_head(0.6, 500, MIN_HEAD_ALIGNMENT), Ok(Some(0.6)));
+/// // Another task's classes: its rows point at other classes' features.
+/// assert_eq!(check_head(-0.1, 500, MIN_HEAD_ALIGNMENT), Err(AggregateRejection::Head(-0.1)));
+/// // Eight examples cannot tell.
+/// assert_eq!(check_head(-0.1, 8, MIN_HEAD_ALIGNMENT), Ok(None));
+/// ```
+///
+/// # Errors
+/// [`AggregateRejection::Head`] below `min`, [`AggregateRejection::NotFinite`] for NaN.
+pub fn check_head(
+    alignment: f32,
+    examples: usize,
+    min: f32,
+) -> Result<Option<f32>, AggregateRejection> {
+    if !alignment.is_finite() {
+        return Err(AggregateRejection::NotFinite);
+    }
+    if examples < MIN_HEAD_EXAMPLES {
+        return Ok(None);
+    }
+    if alignment < min {
+        return Err(AggregateRejection::Head(alignment));
+    }
+    Ok(Some(alignment))
 }
 
 #[cfg(test)]

@@ -16,9 +16,9 @@
 //! - [`snapshot`] and [`pull`]: a model as an int8 body (sparse where mostly zero), and the gossip-averaging step that
 //!   moves a node part of the way toward a partner's model (merging updates alone lets models
 //!   drift apart).
-//! - [`check_aggregate`], [`check_adoption`] and [`check_by_data`]: what a member of a hub
-//!   exchange checks before applying the merged update its hub sent back, and before adopting
-//!   its hub's model.
+//! - [`check_aggregate`], [`check_head`], [`check_adoption`] and [`check_by_data`]: what a
+//!   member of a hub exchange checks before applying the merged update its hub sent back, and
+//!   before adopting its hub's model.
 //! - [`DistillerState`]: what the node persists so a crash loses nothing.
 //!
 //! An **update** is always one flat `&[f32]` holding every layer of the
@@ -61,8 +61,8 @@ mod synth;
 mod update;
 
 pub use aggregate::{
-    AggregateCheck, AggregateRejection, MIN_GAIN_SHARE, ShardScores, check_adoption,
-    check_aggregate, check_by_data,
+    AggregateCheck, AggregateRejection, MIN_GAIN_SHARE, MIN_HEAD_ALIGNMENT, MIN_HEAD_EXAMPLES,
+    ShardScores, check_adoption, check_aggregate, check_by_data, check_head,
 };
 pub use consensus::{
     ConsensusError, Pull, PullConfig, pull, snapshot, snapshot_partner, snapshot_partners,

@@ -594,6 +594,37 @@ impl Engine {
         }
     }
 
+    /// How far the output layer of `update` points at the labels of the node's training shard,
+    /// on the features of the model where the round started
+    /// (`kindred_trainer::Model::head_alignment`), and the shard's size; `None` for an external
+    /// trainer (no data here), `NaN` for an update that is not finite. What a member's check of
+    /// its hub's merge reads (`kindred_distill::check_head`).
+    ///
+    /// # Errors
+    /// [`EngineError::Model`] on a tensor failure.
+    pub fn head_alignment(
+        &mut self,
+        update: UpdateView<'_>,
+    ) -> Result<Option<(f32, usize)>, EngineError> {
+        let Source::Builtin(b) = &mut self.source else {
+            return Ok(None);
+        };
+        let len = b.model.head_len();
+        let examples = b.train.len();
+        let Some(start) = update.len().checked_sub(len) else {
+            return Ok(Some((f32::NAN, examples)));
+        };
+        let head: Vec<f32> = (start..update.len()).map(|i| update.get(i)).collect();
+        let before = b.model.params()?;
+        b.model.set_params(&self.base)?;
+        let alignment = match b.model.head_alignment(&head, &b.train) {
+            Err(crate::trainer::ModelError::NonFinite) => Ok(f32::NAN),
+            other => other,
+        };
+        b.model.set_params(&before)?;
+        Ok(Some((alignment?, examples)))
+    }
+
     /// Accuracy of model parameters `params` on the node's own training shard, the model left
     /// as it was; `None` for an external trainer (no data here), `NaN` for parameters that are
     /// not finite. What the hub exchange's checks by data score.

@@ -18,8 +18,9 @@
 //!   admitted members' (`kindred_distill::synthesize`) and distills the merge with a distiller of
 //!   its own (its own error feedback), sealed under the merge domain
 //!   ([`kindred_proto::seal_merge`]); a member checks a merge by direction and norm against its
-//!   own sent update (`check_aggregate`) and, when the core asks, on its own training shard
-//!   (`check_by_data`); a joining member checks its hub's model the same way and
+//!   own sent update (`check_aggregate`), by its output layer against the node's labels
+//!   (`check_head`) and, when the core asks, on its own training shard (`check_by_data`); a
+//!   joining member checks its hub's model the same way and
 //!   `check_adoption` decides whether it takes the model or keeps its own.
 //! - **Time**: the core's clock is the wall clock in milliseconds; rounds follow
 //!   [`crate::run`]'s schedule, and the core's deadline is [`DEADLINE_SHARE`] of the round, so the
@@ -40,9 +41,9 @@ use futures::StreamExt;
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
 use kindred_distill::{
-    AggregateCheck, AggregateRejection, Distiller, DistillerState, MIN_GAIN_SHARE, PeerUpdate,
-    ShardScores, Update, UpdateView, check_adoption, check_aggregate, check_by_data, decode,
-    decode_update, synthesize,
+    AggregateCheck, AggregateRejection, Distiller, DistillerState, MIN_GAIN_SHARE,
+    MIN_HEAD_ALIGNMENT, PeerUpdate, ShardScores, Update, UpdateView, check_adoption,
+    check_aggregate, check_by_data, check_head, decode, decode_update, synthesize,
 };
 use kindred_proto::{Embedding, HeaderFields, ModelSpec, OutcomePacket, seal_merge};
 use kindred_routing::exchange::{
@@ -1266,6 +1267,12 @@ impl HubDriver {
         if let Err(e) = check_aggregate(sent.as_ref(), update, &self.check) {
             tracing::info!(%hub, error = %e, "merge refused");
             return Ok(MergeVerdict::Aggregate);
+        }
+        if let Some((alignment, examples)) = engine.head_alignment(update.view())?
+            && check_head(alignment, examples, MIN_HEAD_ALIGNMENT).is_err()
+        {
+            tracing::info!(%hub, alignment, "merge refused by its output layer");
+            return Ok(MergeVerdict::Data);
         }
         if by_data && let Some(share) = data_refuses(engine, moved(sent.as_ref()), moved(update))? {
             tracing::info!(%hub, share, "merge refused by the node's data");

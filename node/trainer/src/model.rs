@@ -296,22 +296,157 @@ impl Model {
         Ok(candle_nn::loss::cross_entropy(&self.forward(&x)?, &y)?.to_scalar::<f32>()?)
     }
 
+    /// How far an update of the output layer, `head` (its weight then its bias, the last
+    /// [`Model::head_len`] values of an update), put on this model's features of `examples`,
+    /// points at the examples' own labels: the cosine between `head` and the direction in
+    /// which, at first order, it raises each example's label's logit above the mean logit. For
+    /// class `c` that direction is the mean feature vector of the examples labelled `c` (a 1
+    /// appended for the bias) less `1/C` of the mean over all examples.
+    ///
+    /// A merge of the member's own task moves each class's row toward that class's features
+    /// on the member's data; another task's (its classes in another order) moves rows toward
+    /// other classes' features. Unlike the cosine with the member's own update, the reference
+    /// is the shard's class means, not one round's minibatch noise, so it does not fade late in
+    /// training. Returns 0 for a zero `head`.
+    ///
+    /// ```
+    /// use kindred_trainer::{Arch, Examples, Model};
+    ///
+    /// let model = Model::new(Arch::MLP, 1).unwrap();
+    /// // Two examples, labels 0 and 1, each a different half of the image lit.
+    /// let mut images = vec![0.0; 2 * 784];
+    /// images[..392].fill(1.0);
+    /// images[784 + 392..].fill(1.0);
+    /// let examples = Examples { images, labels: vec![0, 1] };
+    /// // An output layer that raises class 0 on example 0's features, and its sign flip.
+    /// let features = model.features(&examples).unwrap();
+    /// let mut head = vec![0.0; model.head_len()];
+    /// head[..64].copy_from_slice(&features[..64]);
+    /// assert!(model.head_alignment(&head, &examples).unwrap() > 0.0);
+    /// let flipped: Vec<f32> = head.iter().map(|x| -x).collect();
+    /// assert!(model.head_alignment(&flipped, &examples).unwrap() < 0.0);
+    /// ```
+    ///
+    /// # Errors
+    /// [`ModelError::ParamLength`] for a `head` of another length, [`ModelError::NonFinite`],
+    /// [`ModelError::NoExamples`] (none with a label under [`CLASSES`]), [`ModelError::Candle`]
+    /// on a tensor failure.
+    pub fn head_alignment(&self, head: &[f32], examples: &Examples) -> Result<f32, ModelError> {
+        let width = self.head_width();
+        if head.len() != self.head_len() {
+            return Err(ModelError::ParamLength {
+                expected: self.head_len(),
+                found: head.len(),
+            });
+        }
+        if head.iter().any(|v| !v.is_finite()) {
+            return Err(ModelError::NonFinite);
+        }
+        let (weight, bias) = head.split_at(CLASSES * width);
+        // Per class: the sum of its examples' features and its count.
+        let mut sums = vec![0f64; CLASSES * width];
+        let mut counts = [0f64; CLASSES];
+        let features = self.features(examples)?;
+        for (h, &y) in features.chunks_exact(width).zip(&examples.labels) {
+            let c = y as usize;
+            let (Some(count), Some(row)) =
+                (counts.get_mut(c), sums.get_mut(c * width..(c + 1) * width))
+            else {
+                continue;
+            };
+            *count += 1.0;
+            for (s, &h) in row.iter_mut().zip(h) {
+                *s += f64::from(h);
+            }
+        }
+        let n: f64 = counts.iter().sum();
+        if n == 0.0 {
+            return Err(ModelError::NoExamples);
+        }
+        let classes = CLASSES as f64;
+        let mut mean = vec![0f64; width];
+        for row in sums.chunks_exact(width) {
+            for (m, s) in mean.iter_mut().zip(row) {
+                *m += s / n;
+            }
+        }
+        let (mut dot, mut d2, mut r2) = (0f64, 0f64, 0f64);
+        let mut add = |d: f32, r: f64| {
+            let d = f64::from(d);
+            dot += d * r;
+            d2 += d * d;
+            r2 += r * r;
+        };
+        for (((w, row), &b), &count) in weight
+            .chunks_exact(width)
+            .zip(sums.chunks_exact(width))
+            .zip(bias)
+            .zip(&counts)
+        {
+            for ((&d, s), m) in w.iter().zip(row).zip(&mean) {
+                add(d, s / n - m / classes);
+            }
+            add(b, count / n - 1.0 / classes);
+        }
+        Ok(if d2 == 0.0 || r2 == 0.0 {
+            0.0
+        } else {
+            (dot / (d2 * r2).sqrt()) as f32
+        })
+    }
+
+    /// Values of the output layer, weight and bias: the last ones of a parameter vector.
+    pub fn head_len(&self) -> usize {
+        CLASSES * (self.head_width() + 1)
+    }
+
+    /// The output layer's input for each of `examples`, `[examples, features]` flattened.
+    ///
+    /// # Errors
+    /// [`ModelError::NoExamples`] for an empty set, [`ModelError::Candle`] on a tensor failure.
+    pub fn features(&self, examples: &Examples) -> Result<Vec<f32>, ModelError> {
+        if examples.is_empty() {
+            return Err(ModelError::NoExamples);
+        }
+        let mut out = Vec::with_capacity(examples.len() * self.head_width());
+        for chunk in examples.images.chunks(512 * PIXELS) {
+            let x = Tensor::from_slice(chunk, (chunk.len() / PIXELS, PIXELS), &Device::Cpu)?;
+            out.extend(self.hidden(&x)?.flatten_all()?.to_vec1::<f32>()?);
+        }
+        Ok(out)
+    }
+
+    /// Width of the output layer's input.
+    fn head_width(&self) -> usize {
+        match self.arch {
+            Arch::Mlp { hidden } => hidden as usize,
+            Arch::Cnn => 256,
+        }
+    }
+
     /// Logits for a batch of flattened images `[batch, 784]`.
     fn forward(&self, x: &Tensor) -> Result<Tensor, ModelError> {
-        let t = |i: usize| {
-            self.vars
-                .get(i)
-                .map(Var::as_tensor)
-                .ok_or_else(|| ModelError::Arch("layer missing".into()))
-        };
+        let last = self.vars.len().saturating_sub(2);
+        let (w, b) = (self.var(last)?, self.var(last + 1)?);
+        Ok(self.hidden(x)?.matmul(&w.t()?)?.broadcast_add(b)?)
+    }
+
+    /// Parameter tensor `i` in spec order.
+    fn var(&self, i: usize) -> Result<&Tensor, ModelError> {
+        self.vars
+            .get(i)
+            .map(Var::as_tensor)
+            .ok_or_else(|| ModelError::Arch("layer missing".into()))
+    }
+
+    /// The output layer's input for a batch of flattened images `[batch, 784]`.
+    fn hidden(&self, x: &Tensor) -> Result<Tensor, ModelError> {
+        let t = |i: usize| self.var(i);
         let linear = |x: &Tensor, w: &Tensor, b: &Tensor| -> Result<Tensor, ModelError> {
             Ok(x.matmul(&w.t()?)?.broadcast_add(b)?)
         };
         match self.arch {
-            Arch::Mlp { .. } => {
-                let h = linear(x, t(0)?, t(1)?)?.relu()?;
-                linear(&h, t(2)?, t(3)?)
-            }
+            Arch::Mlp { .. } => Ok(linear(x, t(0)?, t(1)?)?.relu()?),
             Arch::Cnn => {
                 let bias = |b: &Tensor| b.reshape((1, (), 1, 1));
                 let x = x.reshape(((), 1, 28, 28))?;
@@ -324,8 +459,7 @@ impl Model {
                     .conv2d(t(2)?, 0, 1, 1, 1)?
                     .broadcast_add(&bias(t(3)?)?)?
                     .relu()?;
-                let x = x.max_pool2d(2)?.flatten_from(1)?;
-                linear(&x, t(4)?, t(5)?)
+                Ok(x.max_pool2d(2)?.flatten_from(1)?)
             }
         }
     }
@@ -371,6 +505,45 @@ mod tests {
             q,
             "a rejected update leaves the model unchanged"
         );
+    }
+
+    #[test]
+    fn a_rounds_output_layer_points_at_its_labels_and_a_relabelled_one_does_not() {
+        let mnist = Mnist::load().unwrap();
+        let split = Split::new(mnist.len(), 0.2, 3);
+        let shard = Examples::new(&mnist, &split.train[..600], Task::IDENTITY);
+        let mut rng = StdRng::seed_from_u64(5);
+        for arch in [Arch::MLP, Arch::Cnn] {
+            let mut m = Model::new(arch, 7).unwrap();
+            let cfg = TrainConfig::default();
+            m.train(&shard, &cfg, &mut rng).unwrap();
+            let before = m.params().unwrap();
+            let mut trained = Model::from_params(arch, &before).unwrap();
+            trained.train(&shard, &cfg, &mut rng).unwrap();
+            let after = trained.params().unwrap();
+            let tail = before.len() - m.head_len();
+            let head: Vec<f32> = after[tail..]
+                .iter()
+                .zip(&before[tail..])
+                .map(|(a, b)| a - b)
+                .collect();
+            let own = m.head_alignment(&head, &shard).unwrap();
+            // The same rows for the next label (y → y + 1): another task's update.
+            let width = m.head_width();
+            let mut relabelled = head.clone();
+            relabelled[..CLASSES * width].rotate_right(width);
+            relabelled[CLASSES * width..].rotate_right(1);
+            let other = m.head_alignment(&relabelled, &shard).unwrap();
+            assert!(own > 0.2 && other < 0.0, "{arch:?}: {own} vs {other}");
+            assert!(matches!(
+                m.head_alignment(&head[1..], &shard),
+                Err(ModelError::ParamLength { .. })
+            ));
+            assert_eq!(
+                m.head_alignment(&vec![0.0; head.len()], &shard).unwrap(),
+                0.0
+            );
+        }
     }
 
     #[test]

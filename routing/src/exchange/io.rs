@@ -129,7 +129,8 @@ pub enum MergeVerdict {
     /// Direction or norm against the node's own update failed (`check_aggregate`): the node
     /// bans the hub ([`super::ExchangeConfig::ban_rounds`]).
     Aggregate,
-    /// The node's own data refused it (`check_by_data`): the node bans the hub.
+    /// The node's own data refused it (`check_by_data`, or the merge's output layer against
+    /// the node's labels, `check_head`): the node bans the hub.
     Data,
 }
 

@@ -24,8 +24,8 @@
 //!   parallel batches: every request made at one virtual instant, then each answer
 //!   [`COMPUTE_MS`] later. A hub merges as a node merges (`kindred_distill::synthesize`) and
 //!   distills the merge with its own error feedback; checks are `check_aggregate` and the
-//!   node's own data (`check_by_data`, `check_adoption`). A hostile hub corrupts what it
-//!   serves by its attack and vouches for its own merge.
+//!   node's own data (`check_head`, `check_by_data`, `check_adoption`). A hostile hub
+//!   corrupts what it serves by its attack and vouches for its own merge.
 //!
 //! With bounded hubs ([`crate::learn::HubConfig::fanout`]) a cohort is a tree: a sub-hub's
 //! merge of its children is a [`Blob::Merge`] it pushes in place of its packet, counted at
@@ -43,8 +43,8 @@
 use std::collections::{BTreeMap, HashMap};
 
 use kindred_distill::{
-    AggregateRejection, Distiller, ShardScores, SynthConfig, check_adoption, check_aggregate,
-    check_by_data, decode, snapshot,
+    AggregateRejection, Distiller, MIN_HEAD_ALIGNMENT, MIN_HEAD_EXAMPLES, ShardScores, SynthConfig,
+    check_adoption, check_aggregate, check_by_data, check_head, decode, snapshot,
 };
 use kindred_proto::rpc::{PushAnswer, RequestId, RpcRequest, RpcResponse, SketchCosine};
 use kindred_proto::{Embedding, HeaderFields, SIMHASH_BITS, SimHash, seal};
@@ -1301,8 +1301,8 @@ impl Driver<'_, '_, '_, '_> {
     }
 
     /// Node `i` checks a merge: its own (a hub's data check of what it merged; a hostile hub
-    /// vouches for its own), or its hub's, against what it sent (`check_aggregate`) and, if
-    /// `by_data`, on its own data.
+    /// vouches for its own), or its hub's, against what it sent (`check_aggregate`), its
+    /// output layer against its labels (`check_head`) and, if `by_data`, on its own data.
     fn check_merge(
         &self,
         i: u32,
@@ -1334,6 +1334,16 @@ impl Driver<'_, '_, '_, '_> {
         if let Err(e) = check_aggregate(sent, &x.served, &self.cfg.hub.check) {
             tracing::debug!(round = self.r.round, node = i, hub = x.hub, %e, "merge refused");
             return Ok(MergeVerdict::Aggregate);
+        }
+        if let Some(alignment) = self.head_refuses_merge(iu, &x.served)? {
+            tracing::debug!(
+                round = self.r.round,
+                node = i,
+                hub = x.hub,
+                alignment,
+                "merge's output layer misses the member's labels"
+            );
+            return Ok(MergeVerdict::Data);
         }
         if by_data && let Some(share) = self.data_refuses_merge(iu, sent, &x.served)? {
             tracing::debug!(
@@ -1367,6 +1377,29 @@ impl Driver<'_, '_, '_, '_> {
             return Ok(ModelVerdict::Keep);
         }
         Ok(ModelVerdict::Adopt)
+    }
+
+    /// Whether node `i`'s labels refuse a merge's output layer: `Some(alignment)` when it
+    /// points at them less than [`MIN_HEAD_ALIGNMENT`] on the node's features
+    /// (`Model::head_alignment`, `check_head`; not on shards too small to tell).
+    fn head_refuses_merge(&self, i: usize, merge: &[f32]) -> Result<Option<f32>, LearnError> {
+        let (Some(params), Some(shard)) = (self.params.get(i), self.data.train.get(i)) else {
+            return Err(LearnError::Config("no parameters or shard".into()));
+        };
+        if shard.len() < MIN_HEAD_EXAMPLES {
+            return Ok(None);
+        }
+        let model = Model::from_params(self.cfg.arch, params)?;
+        let head = merge
+            .get(merge.len().saturating_sub(model.head_len())..)
+            .unwrap_or_default();
+        let alignment = match model.head_alignment(head, shard) {
+            Err(ModelError::NonFinite) => f32::NAN,
+            other => other?,
+        };
+        Ok(check_head(alignment, shard.len(), MIN_HEAD_ALIGNMENT)
+            .err()
+            .map(|_| alignment))
     }
 
     /// Whether node `i`'s own data refuses a merge: `Some(share)` when `params[i] + merge`
