@@ -81,6 +81,14 @@ impl Arch {
         ModelSpec::new(layers).map_err(|e| ModelError::Arch(e.to_string()))
     }
 
+    /// Width of the output layer's input (its weight is `[classes, width]`).
+    pub fn head_width(self) -> usize {
+        match self {
+            Self::Mlp { hidden } => hidden as usize,
+            Self::Cnn => 256,
+        }
+    }
+
     /// Fan-in of each layer (for initialisation), in spec order.
     fn fan_in(self) -> Vec<usize> {
         match self {
@@ -418,10 +426,7 @@ impl Model {
 
     /// Width of the output layer's input.
     fn head_width(&self) -> usize {
-        match self.arch {
-            Arch::Mlp { hidden } => hidden as usize,
-            Arch::Cnn => 256,
-        }
+        self.arch.head_width()
     }
 
     /// Logits for a batch of flattened images `[batch, 784]`.

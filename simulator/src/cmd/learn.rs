@@ -120,8 +120,9 @@ pub(crate) struct LearnArgs {
     /// What hostile nodes do, assigned in turn: scale:F (update ×F), sign-flip, noise (of the
     /// update's norm), inflate:F (claims MAX_SAMPLES training samples, update ×F; inflate is
     /// ×1), inflate-noise (claims MAX_SAMPLES, sends noise), max-finite (the largest finite
-    /// values the wire admits), or `poisoning` for the experiment's poisoning run's list
-    /// (scale:10, sign-flip, noise, inflate:2, inflate-noise, max-finite).
+    /// values the wire admits), relabel (another task's: the output layer's rows rolled by one
+    /// class), or `poisoning` for the experiment's poisoning run's list (scale:10, sign-flip,
+    /// noise, inflate:2, inflate-noise, max-finite).
     #[arg(
         long,
         value_delimiter = ',',
@@ -345,7 +346,7 @@ impl LearnArgs {
             attacks.push(Attack::parse(name).ok_or_else(|| {
                 anyhow::anyhow!(
                     "unknown attack {name:?} (scale:F, sign-flip, noise, inflate:F, \
-                     inflate-noise, max-finite, poisoning)"
+                     inflate-noise, max-finite, relabel, poisoning)"
                 )
             })?);
         }

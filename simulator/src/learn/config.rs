@@ -332,6 +332,11 @@ pub enum Attack {
     /// ones). Signs follow the honest update, and the layer encodings and top-k indices are the
     /// honest packet's, so the header and the body's size look honest.
     MaxFinite,
+    /// Another task's update: the output layer's rows (weight and bias) rolled by one class,
+    /// so it teaches label `y + 1` what the node's data taught label `y`. Its direction and
+    /// norm are an honest update's (the first layer dominates both); its output layer points
+    /// at the wrong classes (`kindred_distill::check_head`).
+    Relabel,
 }
 
 impl Attack {
@@ -353,16 +358,18 @@ impl Attack {
     pub fn claim(self, trained: u64) -> u64 {
         match self {
             Self::InflateSamples(_) | Self::InflateNoise => kindred_proto::MAX_SAMPLES,
-            Self::Scale(_) | Self::SignFlip | Self::Noise | Self::MaxFinite => trained,
+            Self::Scale(_) | Self::SignFlip | Self::Noise | Self::MaxFinite | Self::Relabel => {
+                trained
+            }
         }
     }
 
     /// A short name: `scale:10`, `sign-flip`, `noise`, `inflate:2`, `inflate-noise`,
-    /// `max-finite`.
+    /// `max-finite`, `relabel`.
     ///
     /// ```
     /// use kindred_simulator::learn::Attack;
-    /// for a in Attack::poisoning() {
+    /// for a in Attack::poisoning().into_iter().chain([Attack::Relabel]) {
     ///     assert_eq!(Attack::parse(&a.name()), Some(a));
     /// }
     /// ```
@@ -374,6 +381,7 @@ impl Attack {
             Self::InflateSamples(f) => format!("inflate:{f}"),
             Self::InflateNoise => "inflate-noise".into(),
             Self::MaxFinite => "max-finite".into(),
+            Self::Relabel => "relabel".into(),
         }
     }
 
@@ -391,6 +399,7 @@ impl Attack {
             ("noise", None) => Some(Self::Noise),
             ("inflate-noise", None) => Some(Self::InflateNoise),
             ("max-finite", None) => Some(Self::MaxFinite),
+            ("relabel", None) => Some(Self::Relabel),
             _ => None,
         }
     }

@@ -52,7 +52,7 @@ use kindred_proto::{
     SignBits, SimHash, TopK, seal,
 };
 use kindred_routing::{Follower, RoundPlan};
-use kindred_trainer::{Examples, Mnist, Model, ModelError, Split};
+use kindred_trainer::{Arch, CLASSES, Examples, Mnist, Model, ModelError, Split};
 use libp2p_identity::ed25519;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -335,8 +335,20 @@ fn prepare(cfg: &LearnConfig) -> Result<Data, LearnError> {
 /// What a hostile node sends in place of `update` (its update, or its cumulative update as a
 /// model snapshot). [`Attack::MaxFinite`] sends `±f32::MAX`, the largest the dense f32 wire
 /// admits; a distilled packet's body is rewritten by [`maximal`] instead.
-fn corrupt(update: &mut [f32], attack: Attack, seed: u64) {
+fn corrupt(update: &mut [f32], attack: Attack, arch: Arch, seed: u64) {
     match attack {
+        Attack::Relabel => {
+            let width = arch.head_width();
+            let len = update.len();
+            if let Some(head) = len
+                .checked_sub(CLASSES * (width + 1))
+                .and_then(|start| update.get_mut(start..))
+            {
+                let (weights, biases) = head.split_at_mut(CLASSES * width);
+                weights.rotate_right(width);
+                biases.rotate_right(1);
+            }
+        }
         Attack::Scale(f) | Attack::InflateSamples(f) => update.iter_mut().for_each(|x| *x *= f),
         Attack::SignFlip => update.iter_mut().for_each(|x| *x = -*x),
         Attack::Noise | Attack::InflateNoise => {
@@ -726,7 +738,7 @@ fn step(
                 // A node sending the largest finite values keeps its own update (and model)
                 // honest: what it sends is rewritten when it is packed.
                 if let Some(a) = attack.filter(|&a| a != Attack::MaxFinite) {
-                    corrupt(&mut delta, a, node_word(cfg.seed, 0xBAD, r64, i));
+                    corrupt(&mut delta, a, cfg.arch, node_word(cfg.seed, 0xBAD, r64, i));
                 }
                 // Headers carry at most `MAX_ABS_LOSS` (receivers refuse more): a model broken by
                 // a merge without the robust rules reports that much.
@@ -813,7 +825,7 @@ fn step(
                 };
                 let sent = maximal_attack(i).then(|| {
                     let mut m = delta.clone();
-                    corrupt(&mut m, Attack::MaxFinite, 0);
+                    corrupt(&mut m, Attack::MaxFinite, cfg.arch, 0);
                     m
                 });
                 Ok(Packed {
@@ -1232,6 +1244,7 @@ fn average_models(
                 corrupt(
                     &mut cumulative,
                     *attack,
+                    cfg.arch,
                     node_word(cfg.seed, 0x5BAD, round, i),
                 );
                 for ((x, o), c) in model.iter_mut().zip(origin).zip(&cumulative) {
@@ -1419,6 +1432,22 @@ mod tests {
     use kindred_trainer::TrainConfig;
 
     fn quiet(_: &str, _: u64, _: u64) {}
+
+    #[test]
+    fn a_relabelled_update_rolls_only_the_output_layers_rows() {
+        let arch = Arch::Mlp { hidden: 3 };
+        let len = arch.spec().unwrap().numel() as usize;
+        let honest: Vec<f32> = (0..len).map(|i| i as f32).collect();
+        let mut relabelled = honest.clone();
+        corrupt(&mut relabelled, Attack::Relabel, arch, 0);
+        let head = len - CLASSES * 4;
+        assert_eq!(relabelled[..head], honest[..head]);
+        // Class 1's row is class 0's, class 0's the last class's; the biases likewise.
+        assert_eq!(relabelled[head + 3..head + 6], honest[head..head + 3]);
+        assert_eq!(relabelled[head..head + 3], honest[head + 27..head + 30]);
+        assert_eq!(relabelled[head + 31], honest[head + 30]);
+        assert_eq!(relabelled[head + 30], honest[len - 1]);
+    }
 
     /// A round's bytes are the sum of its parts.
     fn assert_bytes_add_up(s: &RoundStats) {

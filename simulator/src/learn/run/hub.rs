@@ -880,6 +880,7 @@ impl Driver<'_, '_, '_, '_> {
         corrupt(
             &mut served,
             attack,
+            self.cfg.arch,
             node_word(self.cfg.seed, 0x4E_BAD, self.r.round, i as usize),
         );
         let relayed = HubMerge {
@@ -981,6 +982,7 @@ impl Driver<'_, '_, '_, '_> {
             corrupt(
                 &mut cumulative,
                 *attack,
+                self.cfg.arch,
                 node_word(self.cfg.seed, 0x5BAD, self.r.round, h as usize),
             );
             for ((x, o), c) in served.iter_mut().zip(self.origin).zip(&cumulative) {
@@ -1283,6 +1285,7 @@ impl Driver<'_, '_, '_, '_> {
             Some(Some(attack)) => corrupt(
                 &mut served,
                 *attack,
+                self.cfg.arch,
                 node_word(self.cfg.seed, 0x4B_BAD, r.round, hu),
             ),
             _ => {}
