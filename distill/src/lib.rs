@@ -61,8 +61,9 @@ mod synth;
 mod update;
 
 pub use aggregate::{
-    AggregateCheck, AggregateRejection, MIN_GAIN_SHARE, MIN_HEAD_ALIGNMENT, MIN_HEAD_EXAMPLES,
-    ShardScores, check_adoption, check_aggregate, check_by_data, check_head,
+    AggregateCheck, AggregateRejection, HEAD_MARGIN, HeadScores, MIN_GAIN_SHARE,
+    MIN_HEAD_ALIGNMENT, MIN_HEAD_EXAMPLES, ShardScores, check_adoption, check_aggregate,
+    check_by_data, check_head,
 };
 pub use consensus::{
     ConsensusError, Pull, PullConfig, pull, snapshot, snapshot_partner, snapshot_partners,

@@ -19,9 +19,9 @@
 use std::sync::Arc;
 
 use kindred_distill::{
-    ConsensusError, Distiller, DistillerState, EmbeddingConfig, Policy, Pull, PullConfig,
-    SynthConfig, Update, UpdateBuilder, UpdateRef, UpdateView, Verdict, decode, decode_update,
-    pull, snapshot, synthesize,
+    ConsensusError, Distiller, DistillerState, EmbeddingConfig, HeadScores, Policy, Pull,
+    PullConfig, SynthConfig, Update, UpdateBuilder, UpdateRef, UpdateView, Verdict, decode,
+    decode_update, pull, snapshot, synthesize,
 };
 use kindred_proto::{
     Embedding, HeaderFields, ModelSpec, OutcomePacket, PacketId, SealedPacket, seal, seal_snapshot,
@@ -594,35 +594,42 @@ impl Engine {
         }
     }
 
-    /// How far the output layer of `update` points at the labels of the node's training shard,
-    /// on the features of the model where the round started
-    /// (`kindred_trainer::Model::head_alignment`), and the shard's size; `None` for an external
-    /// trainer (no data here), `NaN` for an update that is not finite. What a member's check of
-    /// its hub's merge reads (`kindred_distill::check_head`).
+    /// How far the output layers of a hub's `merge` and of the node's `own` update point at the
+    /// labels of its training shard, on the features of the model where the round started
+    /// (`kindred_trainer::Model::head_alignment`); `None` for an external trainer (no data
+    /// here), `NaN` for an update that is not finite. What a member's check of its hub's merge
+    /// reads (`kindred_distill::check_head`).
     ///
     /// # Errors
     /// [`EngineError::Model`] on a tensor failure.
-    pub fn head_alignment(
+    pub fn head_scores(
         &mut self,
-        update: UpdateView<'_>,
-    ) -> Result<Option<(f32, usize)>, EngineError> {
+        merge: UpdateView<'_>,
+        own: UpdateView<'_>,
+    ) -> Result<Option<HeadScores>, EngineError> {
         let Source::Builtin(b) = &mut self.source else {
             return Ok(None);
         };
         let len = b.model.head_len();
-        let examples = b.train.len();
-        let Some(start) = update.len().checked_sub(len) else {
-            return Ok(Some((f32::NAN, examples)));
-        };
-        let head: Vec<f32> = (start..update.len()).map(|i| update.get(i)).collect();
         let before = b.model.params()?;
         b.model.set_params(&self.base)?;
-        let alignment = match b.model.head_alignment(&head, &b.train) {
-            Err(crate::trainer::ModelError::NonFinite) => Ok(f32::NAN),
-            other => other,
+        let align = |u: UpdateView<'_>| match u.len().checked_sub(len) {
+            None => Ok(f32::NAN),
+            Some(start) => {
+                let head: Vec<f32> = (start..u.len()).map(|i| u.get(i)).collect();
+                match b.model.head_alignment(&head, &b.train) {
+                    Err(crate::trainer::ModelError::NonFinite) => Ok(f32::NAN),
+                    other => other,
+                }
+            }
         };
+        let (merge, own) = (align(merge), align(own));
         b.model.set_params(&before)?;
-        Ok(Some((alignment?, examples)))
+        Ok(Some(HeadScores {
+            merge: merge?,
+            own: own?,
+            examples: b.train.len(),
+        }))
     }
 
     /// Accuracy of model parameters `params` on the node's own training shard, the model left

@@ -41,9 +41,9 @@ use futures::StreamExt;
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
 use kindred_distill::{
-    AggregateCheck, AggregateRejection, Distiller, DistillerState, MIN_GAIN_SHARE,
-    MIN_HEAD_ALIGNMENT, PeerUpdate, ShardScores, Update, UpdateView, check_adoption,
-    check_aggregate, check_by_data, check_head, decode, decode_update, synthesize,
+    AggregateCheck, AggregateRejection, Distiller, DistillerState, MIN_GAIN_SHARE, PeerUpdate,
+    ShardScores, Update, UpdateView, check_adoption, check_aggregate, check_by_data, check_head,
+    decode, decode_update, synthesize,
 };
 use kindred_proto::{Embedding, HeaderFields, ModelSpec, OutcomePacket, seal_merge};
 use kindred_routing::exchange::{
@@ -1268,11 +1268,12 @@ impl HubDriver {
             tracing::info!(%hub, error = %e, "merge refused");
             return Ok(MergeVerdict::Aggregate);
         }
-        if let Some((alignment, examples)) = engine.head_alignment(update.view())?
-            && check_head(alignment, examples, MIN_HEAD_ALIGNMENT).is_err()
-        {
-            tracing::info!(%hub, alignment, "merge refused by its output layer");
-            return Ok(MergeVerdict::Data);
+        if let Some(scores) = engine.head_scores(update.view(), sent.view())? {
+            tracing::debug!(%hub, merge = scores.merge, own = scores.own, "output layers");
+            if check_head(scores).is_err() {
+                tracing::info!(%hub, merge = scores.merge, own = scores.own, "merge refused by its output layer");
+                return Ok(MergeVerdict::Data);
+            }
         }
         if by_data && let Some(share) = data_refuses(engine, moved(sent.as_ref()), moved(update))? {
             tracing::info!(%hub, share, "merge refused by the node's data");

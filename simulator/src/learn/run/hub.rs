@@ -43,7 +43,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use kindred_distill::{
-    AggregateRejection, Distiller, MIN_HEAD_ALIGNMENT, MIN_HEAD_EXAMPLES, ShardScores, SynthConfig,
+    AggregateRejection, Distiller, HeadScores, MIN_HEAD_EXAMPLES, ShardScores, SynthConfig,
     check_adoption, check_aggregate, check_by_data, check_head, decode, snapshot,
 };
 use kindred_proto::rpc::{PushAnswer, RequestId, RpcRequest, RpcResponse, SketchCosine};
@@ -1338,7 +1338,7 @@ impl Driver<'_, '_, '_, '_> {
             tracing::debug!(round = self.r.round, node = i, hub = x.hub, %e, "merge refused");
             return Ok(MergeVerdict::Aggregate);
         }
-        if let Some(alignment) = self.head_refuses_merge(iu, &x.served)? {
+        if let Some(alignment) = self.head_refuses_merge(iu, sent, &x.served)? {
             tracing::debug!(
                 round = self.r.round,
                 node = i,
@@ -1383,9 +1383,15 @@ impl Driver<'_, '_, '_, '_> {
     }
 
     /// Whether node `i`'s labels refuse a merge's output layer: `Some(alignment)` when it
-    /// points at them less than [`MIN_HEAD_ALIGNMENT`] on the node's features
-    /// (`Model::head_alignment`, `check_head`; not on shards too small to tell).
-    fn head_refuses_merge(&self, i: usize, merge: &[f32]) -> Result<Option<f32>, LearnError> {
+    /// points at them less than [`kindred_distill::MIN_HEAD_ALIGNMENT`] and well below the node's own update
+    /// `own` on the node's features (`Model::head_alignment`, `check_head`; not on shards too
+    /// small to tell).
+    fn head_refuses_merge(
+        &self,
+        i: usize,
+        own: &[f32],
+        merge: &[f32],
+    ) -> Result<Option<f32>, LearnError> {
         let (Some(params), Some(shard)) = (self.params.get(i), self.data.train.get(i)) else {
             return Err(LearnError::Config("no parameters or shard".into()));
         };
@@ -1393,16 +1399,21 @@ impl Driver<'_, '_, '_, '_> {
             return Ok(None);
         }
         let model = Model::from_params(self.cfg.arch, params)?;
-        let head = merge
-            .get(merge.len().saturating_sub(model.head_len())..)
-            .unwrap_or_default();
-        let alignment = match model.head_alignment(head, shard) {
-            Err(ModelError::NonFinite) => f32::NAN,
-            other => other?,
+        let align = |u: &[f32]| -> Result<f32, LearnError> {
+            let head = u
+                .get(u.len().saturating_sub(model.head_len())..)
+                .unwrap_or_default();
+            Ok(match model.head_alignment(head, shard) {
+                Err(ModelError::NonFinite) => f32::NAN,
+                other => other?,
+            })
         };
-        Ok(check_head(alignment, shard.len(), MIN_HEAD_ALIGNMENT)
-            .err()
-            .map(|_| alignment))
+        let scores = HeadScores {
+            merge: align(merge)?,
+            own: align(own)?,
+            examples: shard.len(),
+        };
+        Ok(check_head(scores).err().map(|_| scores.merge))
     }
 
     /// Whether node `i`'s own data refuses a merge: `Some(share)` when `params[i] + merge`
