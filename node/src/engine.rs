@@ -597,37 +597,36 @@ impl Engine {
     /// How far the output layers of a hub's `merge` and of the node's `own` update point at the
     /// labels of its training shard, on the features of the model where the round started
     /// (`kindred_trainer::Model::head_alignment`); `None` for an external trainer (no data
-    /// here), `NaN` for an update that is not finite. What a member's check of its hub's merge
+    /// here), `NaN` for updates that are not finite. What a member's check of its hub's merge
     /// reads (`kindred_distill::check_head`).
     ///
     /// # Errors
     /// [`EngineError::Model`] on a tensor failure.
     pub fn head_scores(
         &mut self,
-        merge: UpdateView<'_>,
-        own: UpdateView<'_>,
+        merge: &Update,
+        own: &Update,
     ) -> Result<Option<HeadScores>, EngineError> {
         let Source::Builtin(b) = &mut self.source else {
             return Ok(None);
         };
-        let len = b.model.head_len();
+        let head = |u: &Update| {
+            let mut head = vec![0.0; b.model.head_len()];
+            u.fill(u.len().saturating_sub(head.len()), &mut head);
+            head
+        };
+        let (merge, own) = (head(merge), head(own));
         let before = b.model.params()?;
         b.model.set_params(&self.base)?;
-        let align = |u: UpdateView<'_>| match u.len().checked_sub(len) {
-            None => Ok(f32::NAN),
-            Some(start) => {
-                let head: Vec<f32> = (start..u.len()).map(|i| u.get(i)).collect();
-                match b.model.head_alignment(&head, &b.train) {
-                    Err(crate::trainer::ModelError::NonFinite) => Ok(f32::NAN),
-                    other => other,
-                }
-            }
+        let scores = match b.model.head_alignment([&merge, &own], &b.train) {
+            Err(crate::trainer::ModelError::NonFinite) => Ok([f32::NAN; 2]),
+            other => other,
         };
-        let (merge, own) = (align(merge), align(own));
         b.model.set_params(&before)?;
+        let [merge, own] = scores?;
         Ok(Some(HeadScores {
-            merge: merge?,
-            own: own?,
+            merge,
+            own,
             examples: b.train.len(),
         }))
     }

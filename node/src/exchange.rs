@@ -1268,7 +1268,7 @@ impl HubDriver {
             tracing::info!(%hub, error = %e, "merge refused");
             return Ok(MergeVerdict::Aggregate);
         }
-        if let Some(scores) = engine.head_scores(update.view(), sent.view())? {
+        if let Some(scores) = engine.head_scores(update, sent)? {
             tracing::debug!(%hub, merge = scores.merge, own = scores.own, "output layers");
             if check_head(scores).is_err() {
                 tracing::info!(%hub, merge = scores.merge, own = scores.own, "merge refused by its output layer");

@@ -304,18 +304,18 @@ impl Model {
         Ok(candle_nn::loss::cross_entropy(&self.forward(&x)?, &y)?.to_scalar::<f32>()?)
     }
 
-    /// How far an update of the output layer, `head` (its weight then its bias, the last
+    /// How far each update of the output layer in `heads` (its weight then its bias, the last
     /// [`Model::head_len`] values of an update), put on this model's features of `examples`,
-    /// points at the examples' own labels: the cosine between `head` and the direction in
-    /// which, at first order, it raises each example's label's logit above the mean logit. For
-    /// class `c` that direction is the mean feature vector of the examples labelled `c` (a 1
-    /// appended for the bias) less `1/C` of the mean over all examples.
+    /// points at the examples' own labels: the cosine between a head and the direction in which,
+    /// at first order, it raises each example's label's logit above the mean logit. For class
+    /// `c` that direction is the mean feature vector of the examples labelled `c` (a 1 appended
+    /// for the bias) less `1/C` of the mean over all examples; it is computed once for all heads.
     ///
     /// A merge of the member's own task moves each class's row toward that class's features
     /// on the member's data; another task's (its classes in another order) moves rows toward
     /// other classes' features. Unlike the cosine with the member's own update, the reference
     /// is the shard's class means, not one round's minibatch noise, so it does not fade late in
-    /// training. Returns 0 for a zero `head`.
+    /// training. A zero head scores 0.
     ///
     /// ```
     /// use kindred_trainer::{Arch, Examples, Model};
@@ -330,27 +330,52 @@ impl Model {
     /// let features = model.features(&examples).unwrap();
     /// let mut head = vec![0.0; model.head_len()];
     /// head[..64].copy_from_slice(&features[..64]);
-    /// assert!(model.head_alignment(&head, &examples).unwrap() > 0.0);
     /// let flipped: Vec<f32> = head.iter().map(|x| -x).collect();
-    /// assert!(model.head_alignment(&flipped, &examples).unwrap() < 0.0);
+    /// let [raised, lowered] = model.head_alignment([&head, &flipped], &examples).unwrap();
+    /// assert!(raised > 0.0 && lowered < 0.0);
     /// ```
     ///
     /// # Errors
-    /// [`ModelError::ParamLength`] for a `head` of another length, [`ModelError::NonFinite`],
+    /// [`ModelError::ParamLength`] for a head of another length, [`ModelError::NonFinite`],
     /// [`ModelError::NoExamples`] (none with a label under [`CLASSES`]), [`ModelError::Candle`]
     /// on a tensor failure.
-    pub fn head_alignment(&self, head: &[f32], examples: &Examples) -> Result<f32, ModelError> {
+    pub fn head_alignment<const N: usize>(
+        &self,
+        heads: [&[f32]; N],
+        examples: &Examples,
+    ) -> Result<[f32; N], ModelError> {
+        for head in heads {
+            if head.len() != self.head_len() {
+                return Err(ModelError::ParamLength {
+                    expected: self.head_len(),
+                    found: head.len(),
+                });
+            }
+            if head.iter().any(|v| !v.is_finite()) {
+                return Err(ModelError::NonFinite);
+            }
+        }
+        let direction = self.label_direction(examples)?;
+        let r2: f64 = direction.iter().map(|r| r * r).sum();
+        Ok(heads.map(|head| {
+            let (mut dot, mut d2) = (0f64, 0f64);
+            for (&d, r) in head.iter().zip(&direction) {
+                let d = f64::from(d);
+                dot += d * r;
+                d2 += d * d;
+            }
+            if d2 == 0.0 || r2 == 0.0 {
+                0.0
+            } else {
+                (dot / (d2 * r2).sqrt()) as f32
+            }
+        }))
+    }
+
+    /// The direction [`Model::head_alignment`] measures against, laid out as the output layer
+    /// is: the weight's rows, then the bias.
+    fn label_direction(&self, examples: &Examples) -> Result<Vec<f64>, ModelError> {
         let width = self.head_width();
-        if head.len() != self.head_len() {
-            return Err(ModelError::ParamLength {
-                expected: self.head_len(),
-                found: head.len(),
-            });
-        }
-        if head.iter().any(|v| !v.is_finite()) {
-            return Err(ModelError::NonFinite);
-        }
-        let (weight, bias) = head.split_at(CLASSES * width);
         // Per class: the sum of its examples' features and its count.
         let mut sums = vec![0f64; CLASSES * width];
         let mut counts = [0f64; CLASSES];
@@ -378,29 +403,12 @@ impl Model {
                 *m += s / n;
             }
         }
-        let (mut dot, mut d2, mut r2) = (0f64, 0f64, 0f64);
-        let mut add = |d: f32, r: f64| {
-            let d = f64::from(d);
-            dot += d * r;
-            d2 += d * d;
-            r2 += r * r;
-        };
-        for (((w, row), &b), &count) in weight
-            .chunks_exact(width)
-            .zip(sums.chunks_exact(width))
-            .zip(bias)
-            .zip(&counts)
-        {
-            for ((&d, s), m) in w.iter().zip(row).zip(&mean) {
-                add(d, s / n - m / classes);
-            }
-            add(b, count / n - 1.0 / classes);
+        let mut direction = Vec::with_capacity(self.head_len());
+        for row in sums.chunks_exact(width) {
+            direction.extend(row.iter().zip(&mean).map(|(s, m)| s / n - m / classes));
         }
-        Ok(if d2 == 0.0 || r2 == 0.0 {
-            0.0
-        } else {
-            (dot / (d2 * r2).sqrt()) as f32
-        })
+        direction.extend(counts.iter().map(|count| count / n - 1.0 / classes));
+        Ok(direction)
     }
 
     /// Values of the output layer, weight and bias: the last ones of a parameter vector.
@@ -532,22 +540,21 @@ mod tests {
                 .zip(&before[tail..])
                 .map(|(a, b)| a - b)
                 .collect();
-            let own = m.head_alignment(&head, &shard).unwrap();
             // The same rows for the next label (y → y + 1): another task's update.
             let width = m.head_width();
             let mut relabelled = head.clone();
             relabelled[..CLASSES * width].rotate_right(width);
             relabelled[CLASSES * width..].rotate_right(1);
-            let other = m.head_alignment(&relabelled, &shard).unwrap();
+            let zero = vec![0.0; head.len()];
+            let [own, other, none] = m
+                .head_alignment([&head, &relabelled, &zero], &shard)
+                .unwrap();
             assert!(own > 0.2 && other < 0.0, "{arch:?}: {own} vs {other}");
+            assert_eq!(none, 0.0);
             assert!(matches!(
-                m.head_alignment(&head[1..], &shard),
+                m.head_alignment([&head, &head[1..]], &shard),
                 Err(ModelError::ParamLength { .. })
             ));
-            assert_eq!(
-                m.head_alignment(&vec![0.0; head.len()], &shard).unwrap(),
-                0.0
-            );
         }
     }
 

@@ -1382,10 +1382,9 @@ impl Driver<'_, '_, '_, '_> {
         Ok(ModelVerdict::Adopt)
     }
 
-    /// Whether node `i`'s labels refuse a merge's output layer: `Some(alignment)` when it
-    /// points at them less than [`kindred_distill::MIN_HEAD_ALIGNMENT`] and well below the node's own update
-    /// `own` on the node's features (`Model::head_alignment`, `check_head`; not on shards too
-    /// small to tell).
+    /// Whether node `i`'s labels refuse a merge's output layer: `Some(alignment)` when
+    /// `check_head` refuses it against the node's own update `own`, on the node's features
+    /// (`Model::head_alignment`; not on shards too small to tell).
     fn head_refuses_merge(
         &self,
         i: usize,
@@ -1399,21 +1398,20 @@ impl Driver<'_, '_, '_, '_> {
             return Ok(None);
         }
         let model = Model::from_params(self.cfg.arch, params)?;
-        let align = |u: &[f32]| -> Result<f32, LearnError> {
-            let head = u
-                .get(u.len().saturating_sub(model.head_len())..)
-                .unwrap_or_default();
-            Ok(match model.head_alignment(head, shard) {
-                Err(ModelError::NonFinite) => f32::NAN,
-                other => other?,
-            })
+        fn head(u: &[f32], len: usize) -> &[f32] {
+            u.get(u.len().saturating_sub(len)..).unwrap_or_default()
+        }
+        let len = model.head_len();
+        let [merge, own] = match model.head_alignment([head(merge, len), head(own, len)], shard) {
+            Err(ModelError::NonFinite) => [f32::NAN; 2],
+            other => other?,
         };
         let scores = HeadScores {
-            merge: align(merge)?,
-            own: align(own)?,
+            merge,
+            own,
             examples: shard.len(),
         };
-        Ok(check_head(scores).err().map(|_| scores.merge))
+        Ok(check_head(scores).err().map(|_| merge))
     }
 
     /// Whether node `i`'s own data refuses a merge: `Some(share)` when `params[i] + merge`
