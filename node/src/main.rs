@@ -79,7 +79,8 @@ struct Overrides {
     /// Local API address (status, metrics, external trainer).
     #[arg(long, env = "KINDRED_API")]
     api: Option<SocketAddr>,
-    /// Round length in seconds.
+    /// Round length in seconds (default 10). A push or a model fetch waits a sixth of it:
+    /// across the internet (100-200 ms round trips, hole punches) keep it at 6 or more.
     #[arg(long, env = "KINDRED_ROUND_SECS")]
     round_secs: Option<f64>,
     /// Stop after this many rounds.

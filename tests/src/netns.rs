@@ -10,10 +10,19 @@
 //! relay observes is useless to anyone else.
 //!
 //! [`Topology::with_wan_loss`] drops a share of the packets each way on every router's WAN
-//! link (nftables `numgen`). Delay needs `tc netem`, which not every kernel has: none here.
+//! link (nftables `numgen`). [`Topology::with_home_delay`] delays every frame between a home
+//! host and its router, each way: `tc netem` would do it in the kernel, but not every kernel
+//! has it (this one has no `sch_netem`), so the link is two TAP devices, one in each namespace,
+//! joined by a thread that holds each frame for the delay ([`DelayedLink`]). Frames keep their
+//! order; a direction holding more than [`DelayedLink::MAX_QUEUED_BYTES`] drops what arrives
+//! (tail drop, as a router's queue).
 
+use std::collections::VecDeque;
 use std::path::Path;
 use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 /// How a router maps its home network's connections.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,6 +40,10 @@ pub struct Topology {
     namespaces: Vec<String>,
     /// Percent of packets dropped each way on routers' WAN links.
     wan_loss: u8,
+    /// Delay each way between a home host and its router (zero: a plain veth pair).
+    home_delay: Duration,
+    /// The delayed links' pumps, stopped before the namespaces are removed.
+    links: Vec<DelayedLink>,
 }
 
 /// The "internet" prefix length (one /24 of TEST-NET-3).
@@ -50,6 +63,8 @@ impl Topology {
             prefix,
             namespaces: Vec::new(),
             wan_loss: 0,
+            home_delay: Duration::ZERO,
+            links: Vec::new(),
         };
         let inet = t.add_ns("inet")?;
         run("ip", &["-n", &inet, "link", "add", "br0", "type", "bridge"])?;
@@ -61,6 +76,14 @@ impl Topology {
     #[must_use]
     pub fn with_wan_loss(mut self, percent: u8) -> Self {
         self.wan_loss = percent.min(100);
+        self
+    }
+
+    /// Home hosts made from now on reach their router through a link that delays every frame
+    /// by `delay` each way.
+    #[must_use]
+    pub fn with_home_delay(mut self, delay: Duration) -> Self {
+        self.home_delay = delay;
         self
     }
 
@@ -133,13 +156,18 @@ impl Topology {
         self.plug(&router, wan_ip)?;
         let host = self.add_ns(short)?;
         let gateway = home_gateway(home_ip)?;
-        run(
-            "ip",
-            &[
-                "-n", &router, "link", "add", "lan0", "type", "veth", "peer", "name", "eth0",
-                "netns", &host,
-            ],
-        )?;
+        if self.home_delay.is_zero() {
+            run(
+                "ip",
+                &[
+                    "-n", &router, "link", "add", "lan0", "type", "veth", "peer", "name", "eth0",
+                    "netns", &host,
+                ],
+            )?;
+        } else {
+            let link = DelayedLink::new((&router, "lan0"), (&host, "eth0"), self.home_delay)?;
+            self.links.push(link);
+        }
         run(
             "ip",
             &[
@@ -218,8 +246,110 @@ impl Topology {
 
 impl Drop for Topology {
     fn drop(&mut self) {
+        // The pumps first: a TAP device goes with its namespace.
+        self.links.clear();
         for ns in self.namespaces.iter().rev() {
             let _ = run("ip", &["netns", "del", ns]);
+        }
+    }
+}
+
+/// An Ethernet link between two namespaces that delays every frame by a fixed time each way:
+/// a TAP device in each, and one thread per direction that reads frames from one and writes
+/// each to the other once it is `delay` old. Stopped (threads joined, devices closed) on drop.
+#[derive(Debug)]
+pub struct DelayedLink {
+    stop: Arc<AtomicBool>,
+    pumps: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl DelayedLink {
+    /// Bytes a direction may hold in flight before it drops what arrives.
+    pub const MAX_QUEUED_BYTES: usize = 8 << 20;
+
+    /// A link between interface `a.1` in namespace `a.0` and `b.1` in `b.0`, both left down
+    /// and without addresses (as `ip link add … type veth` leaves them).
+    ///
+    /// # Errors
+    /// A namespace that cannot be entered or a TAP device that cannot be made.
+    pub fn new(a: (&str, &str), b: (&str, &str), delay: Duration) -> Result<Self, String> {
+        let tap_a = Arc::new(tap_in(a.0, a.1)?);
+        let tap_b = Arc::new(tap_in(b.0, b.1)?);
+        let stop = Arc::new(AtomicBool::new(false));
+        let pumps = [(&tap_a, &tap_b), (&tap_b, &tap_a)]
+            .into_iter()
+            .map(|(from, to)| {
+                let (from, to, stop) = (Arc::clone(from), Arc::clone(to), Arc::clone(&stop));
+                std::thread::spawn(move || pump(&from, &to, delay, &stop))
+            })
+            .collect();
+        Ok(Self { stop, pumps })
+    }
+}
+
+impl Drop for DelayedLink {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for pump in self.pumps.drain(..) {
+            let _ = pump.join();
+        }
+    }
+}
+
+/// A TAP device named `name` in namespace `ns` (made from a thread that entered it).
+fn tap_in(ns: &str, name: &str) -> Result<tun::Device, String> {
+    let path = format!("/var/run/netns/{ns}");
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let file = std::fs::File::open(&path).map_err(|e| format!("{path}: {e}"))?;
+            nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+                .map_err(|e| format!("setns {path}: {e}"))?;
+            let mut config = tun::Configuration::default();
+            config.tun_name(name).layer(tun::Layer::L2);
+            config.platform_config(|p| {
+                p.ensure_root_privileges(false);
+            });
+            tun::create(&config).map_err(|e| format!("TAP device {name} in {ns}: {e}"))
+        })
+        .join()
+        .unwrap_or_else(|_| Err(format!("making TAP device {name} in {ns} panicked")))
+    })
+}
+
+/// Frames from `from` to `to`, each held until it is `delay` old, until `stop`.
+fn pump(from: &tun::Device, to: &tun::Device, delay: Duration, stop: &AtomicBool) {
+    // How often an idle pump looks at `stop`.
+    const IDLE: Duration = Duration::from_millis(100);
+    let mut queue: VecDeque<(Instant, Vec<u8>)> = VecDeque::new();
+    let mut queued = 0usize;
+    let mut buf = vec![0u8; 65_536];
+    while !stop.load(Ordering::Relaxed) {
+        let now = Instant::now();
+        while let Some((due, frame)) = queue.front() {
+            if *due > now {
+                break;
+            }
+            // A frame the device cannot take is lost, as on a wire.
+            let _ = to.send(frame);
+            queued -= frame.len();
+            queue.pop_front();
+        }
+        // A frame arriving meanwhile ends the wait early.
+        let wait = queue
+            .front()
+            .map_or(IDLE, |(due, _)| due.saturating_duration_since(now));
+        match from.recv_timeout(&mut buf, wait) {
+            Ok(n) => {
+                let frame = buf.get(..n).unwrap_or_default();
+                if queued + n <= DelayedLink::MAX_QUEUED_BYTES {
+                    queued += n;
+                    queue.push_back((Instant::now() + delay, frame.to_vec()));
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            // The device is gone (its namespace removed): nothing more to carry.
+            Err(_) => return,
         }
     }
 }

@@ -1,7 +1,7 @@
 //! Hole-punch success by NAT type, measured in network namespaces (root only; `--ignored`).
 //!
 //! A relay on the "internet" and home hosts behind cone and symmetric NATs
-//! ([`kindred_tests::netns`]). For each pair of NAT types, `TRIES` fresh pairs of routing nodes
+//! ([`kindred_tests::netns`]), on internet-like links (50 ms each way, 1% loss). For each pair of NAT types, `TRIES` fresh pairs of routing nodes
 //! (new identities, a port each) run at once: the listener holds a reservation with the relay,
 //! the dialer connects to the relay, then dials the listener's circuit address; DCUtR then
 //! tries to open a direct connection. A try succeeds when the dialer holds a direct connection
@@ -150,7 +150,12 @@ fn summary(results: &[Option<Duration>]) -> String {
 #[test]
 #[ignore = "needs root for network namespaces; a measurement (about a minute)"]
 fn hole_punch_success_by_nat_type() {
-    let mut topo = Topology::new().unwrap();
+    // Internet-like links: 1% loss each way on every NAT's WAN link, 50 ms each way between a
+    // home host and its router (a punch crosses two: 200 ms round trip).
+    let mut topo = Topology::new()
+        .unwrap()
+        .with_wan_loss(1)
+        .with_home_delay(Duration::from_millis(50));
     let public = topo.public_host("pub", RELAY_IP).unwrap();
     let cone_a = topo
         .home_host("ca", "203.0.113.21", "192.168.1.2", Nat::Cone)

@@ -7,8 +7,9 @@
 //! symmetric-NAT node pushes to the public node and applies its merges every round. The two
 //! cone-NAT nodes are a task of their own, so one of them must be the other's hub: they meet
 //! through the relay, punch a hole (DCUtR), and push and merge over the direct connection;
-//! no RPC byte crosses a relayed connection. Every NAT's link drops 1% of packets each way,
-//! and every node still ends every round within its length.
+//! no RPC byte crosses a relayed connection. Every NAT's link drops 1% of packets each way
+//! and every home link delays them 50 ms each way, and every node still ends every round
+//! within its length.
 //!
 //! Where namespaces cannot be made (not root) the test says so in one line and passes; with
 //! `KINDRED_REQUIRE_NETNS` set (CI sets it) it fails instead.
@@ -17,11 +18,11 @@
 use std::time::Duration;
 
 use kindred_node::api::Status;
-use kindred_tests::netns::{Nat, Topology};
+use kindred_tests::netns::{Nat, Topology, in_netns};
 use kindred_tests::{NodeProc, TempDir, node_config, wait_for};
 
-const ROUNDS: u64 = 30;
-const ROUND_SECS: f64 = 3.0;
+const ROUNDS: u64 = 20;
+const ROUND_SECS: f64 = 6.0;
 const PUBLIC_IP: &str = "203.0.113.10";
 
 fn topology_or_skip() -> Option<Topology> {
@@ -84,9 +85,11 @@ fn nodes_behind_nat_punch_holes_and_only_dialable_nodes_head_cohorts() {
     let Some(topo) = topology_or_skip() else {
         return;
     };
-    // Internet-like loss on every NAT's link: 1% each way (no delay: `tc netem` is missing
-    // from some kernels, this one included).
-    let mut topo = topo.with_wan_loss(1);
+    // Internet-like links: 1% of packets lost each way on every NAT's WAN link, and 50 ms each
+    // way between every home host and its router.
+    let mut topo = topo
+        .with_wan_loss(1)
+        .with_home_delay(Duration::from_millis(50));
     let public = topo.public_host("pub", PUBLIC_IP).unwrap();
     let home = |topo: &mut Topology, name: &str, wan: &str, ip: &str, nat| {
         topo.home_host(name, wan, ip, nat).unwrap()
@@ -149,8 +152,13 @@ fn nodes_behind_nat_punch_holes_and_only_dialable_nodes_head_cohorts() {
             .take(1)
             .map(|r| format!("{:?}", r.timings))
             .collect();
+        let slowest = st
+            .history
+            .iter()
+            .map(|r| r.timings.round_seconds)
+            .fold(0.0, f64::max);
         println!(
-            "{name} {}: {} roles {} merged {} rounds, relays {:?}, direct {:?}, hole punches {}, relayed RPC bytes {}, last round phases {phases:?}",
+            "{name} {}: {} roles {} merged {} rounds, relays {:?}, direct {:?}, hole punches {}, relayed RPC bytes {}, slowest round {slowest:.2} s, last round phases {phases:?}",
             node.peer,
             st.reachability,
             roles(st),
@@ -307,4 +315,47 @@ fn a_node_behind_nat_reserves_again_when_its_relay_restarts() {
         again.is_some(),
         "no reservation after the relay restarted:\n{log}"
     );
+}
+
+#[test]
+fn a_delayed_home_link_holds_each_frame_for_its_delay() {
+    let _one = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let Some(topo) = topology_or_skip() else {
+        return;
+    };
+    let delay = Duration::from_millis(50);
+    let mut topo = topo.with_home_delay(delay);
+    let public = topo.public_host("pub", PUBLIC_IP).unwrap();
+    let home = topo
+        .home_host("a", "203.0.113.21", "192.168.1.2", Nat::Cone)
+        .unwrap();
+    // A socket stays in the namespace it was made in.
+    let listener = in_netns(&public, || std::net::TcpListener::bind((PUBLIC_IP, 0))).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepting = std::thread::spawn(move || {
+        for _ in 0..3 {
+            let _ = listener.accept();
+        }
+    });
+    // A TCP handshake crosses the home link once each way; the first also waits for ARP.
+    let handshakes: Vec<Duration> = (0..3)
+        .map(|_| {
+            in_netns(&home, || {
+                let start = std::time::Instant::now();
+                let stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5));
+                stream.map(|_| start.elapsed())
+            })
+            .unwrap()
+        })
+        .collect();
+    accepting.join().unwrap();
+    println!("handshakes over a {delay:?} link: {handshakes:?}");
+    for h in &handshakes[1..] {
+        assert!(
+            *h >= 2 * delay && *h < 2 * delay + Duration::from_millis(200),
+            "a handshake took {h:?} over a link of {delay:?} each way"
+        );
+    }
 }
