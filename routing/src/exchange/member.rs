@@ -186,6 +186,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             let ticket = self.ticket();
             self.set_step(Step::Fetch {
                 ticket,
+                earlier: None,
                 until: now.saturating_add(answer_ms).min(close),
                 close,
             });
@@ -289,9 +290,14 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
         let ticket = self.ticket();
         let Some(r) = self.round.as_mut() else { return };
         let Some(hub) = r.hub.clone() else { return };
+        let earlier = match &r.step {
+            Step::Fetch { ticket, .. } => Some(*ticket),
+            _ => None,
+        };
         r.retries += 1;
         r.step = Step::Fetch {
             ticket,
+            earlier,
             until: now.saturating_add(answer_ms).min(close),
             close,
         };
@@ -377,14 +383,19 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
         let Some(r) = self.round.as_ref() else { return };
         let (
             Step::Fetch {
-                ticket: t, close, ..
+                ticket: t,
+                earlier,
+                close,
+                ..
             },
             Some(hub),
         ) = (&r.step, r.hub.clone())
         else {
             return;
         };
-        if *t != ticket {
+        // The retried fetch's answer counts only if it brought the model: its failure says
+        // nothing about the retry still in flight.
+        if *t != ticket && !(*earlier == Some(ticket) && model.is_some()) {
             return;
         }
         let until = *close;

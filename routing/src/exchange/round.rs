@@ -36,6 +36,9 @@ pub(super) enum Step<P, M> {
     /// moment to fetch (the hub's admission closes).
     Fetch {
         ticket: Ticket,
+        /// The fetch this one sent again: its answer, late, is as good (a slow link or a hole
+        /// still being punched answers after the retry left).
+        earlier: Option<Ticket>,
         until: Millis,
         close: Millis,
     },

@@ -399,6 +399,43 @@ fn a_hub_whose_model_cannot_be_fetched_is_dropped_and_the_next_rank_joined_that_
 }
 
 #[test]
+fn a_model_fetch_answered_after_its_retry_left_still_joins_the_hub() {
+    let mut cfg = config();
+    cfg.timing.answer_ms = 100;
+    let mut member = Node::new(2, 20, cfg.clone());
+    member.view.learn([(1, 10)]);
+    let first = fetch_ticket(&start(&mut member, 0, "p2"), 1);
+    // No answer within `answer_ms` (a hole still being punched, a slow link): sent again.
+    member.handle_timeout(Millis(100));
+    let retry = fetch_ticket(&drain(&mut member), 1);
+    assert_ne!(first, retry);
+    // The first fetch failing says nothing of the retry in flight: the hub is not dropped.
+    model_lost(&mut member, 120, first);
+    assert!(drain(&mut member).is_empty());
+    assert_eq!(member.hub(), 1, "the hub is kept");
+    check_model(&mut member, Millis(150), retry, "m1", ModelVerdict::Adopt);
+    assert!(pushes_to(&drain(&mut member), 1));
+    // A first answer arriving late is as good as the retry's.
+    let mut other = Node::new(2, 20, cfg);
+    other.view.learn([(1, 10)]);
+    let first = fetch_ticket(&start(&mut other, 0, "p2"), 1);
+    other.handle_timeout(Millis(100));
+    let retry = fetch_ticket(&drain(&mut other), 1);
+    check_model(&mut other, Millis(150), first, "m1", ModelVerdict::Adopt);
+    let out = drain(&mut other);
+    assert!(pushes_to(&out, 1), "{out:?}");
+    // The retry's answer, after that, changes nothing.
+    other.handle(
+        Millis(160),
+        Input::ModelReceived {
+            ticket: retry,
+            model: Some("m1"),
+        },
+    );
+    assert!(drain(&mut other).is_empty());
+}
+
+#[test]
 fn a_hub_whose_model_is_refused_is_forgotten_then_banned_the_second_time() {
     let mut member = Node::new(2, 20, config());
     member.view.learn([(1, 10)]);
