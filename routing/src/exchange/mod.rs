@@ -61,7 +61,8 @@
 //! # Time and faults
 //! Every wait has a deadline inside the round: a search ends by [`Timing::search_permille`], a
 //! join by the admission's close, a push or a model fetch waits [`Timing::answer_ms`] for its
-//! answer and is sent once more ([`ExchangeConfig::retries`]), a member accepted with no
+//! answer and is sent once more ([`ExchangeConfig::retries`]; the first request's model, if it
+//! comes after all, is taken as the retry's would be), a member accepted with no
 //! merge by [`Timing::merge_ask_permille`] asks for it again ([`Output::FetchMerge`]), and
 //! everything ends at the round's deadline, where a member with no merge applies its own
 //! update. A hub silent to a push and its retry, or whose model cannot be fetched, is gone:
