@@ -18,10 +18,10 @@
 //! while (`kindred_routing::exchange::ExchangeConfig::ban_rounds`).
 //!
 //! - **Output layer** (a node with its own data): the merge's output layer must point at the
-//!   member's own labels about as well as its own update's does ([`check_head`]). Another task's merge, its classes in another
-//!   order, keeps the direction and the norm of an honest one (the first layer dominates
-//!   both) and costs a member's data about as little in one round; its output layer's rows
-//!   point at the wrong classes' features.
+//!   member's own labels about as well as its own update's does ([`check_head`]). Another
+//!   task's merge, its classes in another order, keeps the direction and the norm of an honest
+//!   one (the first layer dominates both) and costs a member's data about as little in one
+//!   round; its output layer's rows point at the wrong classes' features.
 //!
 //! Before a member first pushes to a hub it also asks its own data about the hub's model
 //! ([`check_by_data`]): another task's model, or a corrupted one, keeps little of what the
@@ -329,8 +329,9 @@ pub struct HeadScores {
 
 /// Whether a member accepts a merge by its output layer: refused when it points away from
 /// the member's labels (alignment below 0), or aligns with them less than
-/// [`MIN_HEAD_ALIGNMENT`] and more than [`HEAD_MARGIN`] below the member's own update. Returns the merge's alignment, or `None` when there are fewer than
-/// [`MIN_HEAD_EXAMPLES`] examples and the data cannot tell.
+/// [`MIN_HEAD_ALIGNMENT`] and more than [`HEAD_MARGIN`] below the member's own update. Returns
+/// the merge's alignment, or `None` when there are fewer than [`MIN_HEAD_EXAMPLES`] examples
+/// and the data cannot tell.
 ///
 /// ```
 /// use kindred_distill::{AggregateRejection, HeadScores, check_head};

@@ -1271,7 +1271,12 @@ impl HubDriver {
         if let Some(scores) = engine.head_scores(update, sent)? {
             tracing::debug!(%hub, merge = scores.merge, own = scores.own, "output layers");
             if check_head(scores).is_err() {
-                tracing::info!(%hub, merge = scores.merge, own = scores.own, "merge refused by its output layer");
+                tracing::info!(
+                    %hub,
+                    merge = scores.merge,
+                    own = scores.own,
+                    "merge refused by its output layer"
+                );
                 return Ok(MergeVerdict::Data);
             }
         }

@@ -1,10 +1,10 @@
 //! Hole-punch success by NAT type, measured in network namespaces (root only; `--ignored`).
 //!
 //! A relay on the "internet" and home hosts behind cone and symmetric NATs
-//! ([`kindred_tests::netns`]), on internet-like links (50 ms each way, 1% loss). For each pair of NAT types, `TRIES` fresh pairs of routing nodes
-//! (new identities, a port each) run at once: the listener holds a reservation with the relay,
-//! the dialer connects to the relay, then dials the listener's circuit address; DCUtR then
-//! tries to open a direct connection. A try succeeds when the dialer holds a direct connection
+//! ([`kindred_tests::netns`]), on internet-like links (50 ms each way, 1% loss). For each pair
+//! of NAT types, `TRIES` fresh pairs of routing nodes (new identities, a port each) run at
+//! once: the listener holds a reservation with the relay, the dialer connects to the relay,
+//! then dials the listener's circuit address; DCUtR then tries to open a direct connection. A try succeeds when the dialer holds a direct connection
 //! to the listener within [`PUNCH_WAIT`]. The last line is one JSON object:
 //! `{"tries":20,"cone_cone":{"direct":20,"median_ms":…},"cone_symmetric":…,"symmetric_symmetric":…}`.
 //!

@@ -77,11 +77,16 @@ fn merged(r: &kindred_node::api::RoundRecord) -> bool {
 /// One NAT test at a time: each runs several nodes on a 2-core machine, on wall-clock rounds.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+/// Hold [`ONE_AT_A_TIME`] (a failed test before does not poison it for the next).
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 #[test]
 fn nodes_behind_nat_punch_holes_and_only_dialable_nodes_head_cohorts() {
-    let _one = ONE_AT_A_TIME
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _one = one_at_a_time();
     let Some(topo) = topology_or_skip() else {
         return;
     };
@@ -272,9 +277,7 @@ fn nodes_behind_nat_punch_holes_and_only_dialable_nodes_head_cohorts() {
 
 #[test]
 fn a_node_behind_nat_reserves_again_when_its_relay_restarts() {
-    let _one = ONE_AT_A_TIME
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _one = one_at_a_time();
     let Some(mut topo) = topology_or_skip() else {
         return;
     };
@@ -319,9 +322,7 @@ fn a_node_behind_nat_reserves_again_when_its_relay_restarts() {
 
 #[test]
 fn a_delayed_home_link_holds_each_frame_for_its_delay() {
-    let _one = ONE_AT_A_TIME
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _one = one_at_a_time();
     let Some(topo) = topology_or_skip() else {
         return;
     };
