@@ -30,7 +30,7 @@ use kindred_distill::{Pull, PullConfig, Update};
 use kindred_proto::PacketId;
 use kindred_routing::{
     Follower, NetworkId, PacketStore, PartnerQuery, RoundPlan, RoutingConfig, RoutingHandle,
-    SnapshotError, spawn as spawn_routing,
+    SnapshotError, StoredSnapshot, spawn as spawn_routing,
 };
 use libp2p::pnet::PreSharedKey;
 use libp2p::{Multiaddr, PeerId};
@@ -55,7 +55,7 @@ pub const SUMMARY_FILE: &str = "summary.json";
 
 /// The node's newest sealed model snapshot (header and body bytes), shared with the routing task
 /// that serves it. Kept in memory only: a restarted node seals its restored model at start-up.
-type SnapshotSlot = Arc<RwLock<Option<(Vec<u8>, Vec<u8>)>>>;
+type SnapshotSlot = Arc<RwLock<Option<Arc<StoredSnapshot>>>>;
 
 /// Serve a node's packets to peers from its store, and its model snapshot from memory.
 #[derive(Debug)]
@@ -73,7 +73,7 @@ impl PacketStore for StoreSource {
         self.store.packet_body(id).ok().flatten()
     }
 
-    fn snapshot(&self) -> Option<(Vec<u8>, Vec<u8>)> {
+    fn snapshot(&self) -> Option<Arc<StoredSnapshot>> {
         self.snapshot
             .read()
             .unwrap_or_else(PoisonError::into_inner)
@@ -766,7 +766,7 @@ fn seal_snapshot(engine: &Engine, round: u64, slot: &SnapshotSlot) {
     match tokio::task::block_in_place(|| engine.seal_snapshot(round, now_ms())) {
         Ok(sealed) => {
             *slot.write().unwrap_or_else(PoisonError::into_inner) =
-                Some((sealed.header_bytes, sealed.body_bytes));
+                Some(Arc::new(StoredSnapshot::sealed(sealed)));
         }
         Err(e) => tracing::warn!(round, error = %e, "cannot seal a model snapshot"),
     }
@@ -831,14 +831,14 @@ fn first_snapshot(engine: &Engine, config: &mut NodeConfig, slot: &SnapshotSlot)
     match tokio::task::block_in_place(|| engine.seal_snapshot(round.unwrap_or(0), now_ms())) {
         Ok(sealed) if round.is_some() => {
             *slot.write().unwrap_or_else(PoisonError::into_inner) =
-                Some((sealed.header_bytes, sealed.body_bytes));
+                Some(Arc::new(StoredSnapshot::sealed(sealed)));
         }
         Ok(_) => {}
         Err(EngineError::Seal(e)) => {
             tracing::warn!(
                 error = %e,
                 params = engine.spec().numel(),
-                "model snapshots are off: the model does not fit one snapshot response"
+                "model snapshots are off: the model is over the snapshot limit"
             );
             config.snapshot_every = 0;
         }
@@ -864,15 +864,7 @@ async fn exchange_snapshots(
     }
     // Served from now on: the model as merged this round, before any pull. Sealed every round,
     // because a partner that is a round behind asks for the previous one.
-    match tokio::task::block_in_place(|| engine.seal_snapshot(round, now_ms())) {
-        Ok(sealed) => {
-            *ctx.snapshots
-                .write()
-                .unwrap_or_else(PoisonError::into_inner) =
-                Some((sealed.header_bytes, sealed.body_bytes));
-        }
-        Err(e) => tracing::warn!(round, error = %e, "cannot seal a model snapshot"),
-    }
+    seal_snapshot(engine, round, ctx.snapshots);
     if !(round + 1).is_multiple_of(every) {
         return None;
     }

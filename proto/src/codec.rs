@@ -33,7 +33,7 @@ use crate::identity::{
 };
 use crate::limits::{
     FORMAT_VERSION, MAX_ABS_LOSS, MAX_BODY_BYTES, MAX_HEADER_BYTES, MAX_LAYER_ELEMS, MAX_LAYERS,
-    MAX_PEER_ID_BYTES, MAX_SAMPLES, MAX_SKETCH_LEN,
+    MAX_PEER_ID_BYTES, MAX_SAMPLES, MAX_SKETCH_LEN, MAX_SNAPSHOT_BODY_BYTES,
 };
 use crate::payload::{CompressionSummary, DenseValues, LayerPayload, PacketBody, SignBits, TopK};
 use crate::spec::{DType, LayerSpec, ModelId, ModelSpec};
@@ -58,6 +58,16 @@ impl Domain {
             Self::Packet => b"kindred/packet-header/v1\0",
             Self::Snapshot => b"kindred/snapshot-header/v1\0",
             Self::Merge => b"kindred/merge-header/v1\0",
+        }
+    }
+
+    /// The longest body a header of this domain may announce: a snapshot is the whole model
+    /// ([`MAX_SNAPSHOT_BODY_BYTES`]), a packet or a merge one distilled round
+    /// ([`MAX_BODY_BYTES`]).
+    fn max_body(self) -> usize {
+        match self {
+            Self::Snapshot => MAX_SNAPSHOT_BODY_BYTES,
+            Self::Packet | Self::Merge => MAX_BODY_BYTES,
         }
     }
 }
@@ -265,11 +275,15 @@ fn seal_in(
     body: &PacketBody,
 ) -> Result<SealedPacket, SealError> {
     let body_bytes = encode_body(body);
-    let body_len = u32::try_from(body_bytes.len()).map_err(|_| DecodeError::Oversize {
+    let oversize = || DecodeError::Oversize {
         what: "body",
         len: body_bytes.len() as u64,
-        max: MAX_BODY_BYTES as u64,
-    })?;
+        max: domain.max_body() as u64,
+    };
+    if body_bytes.len() > domain.max_body() {
+        return Err(oversize().into());
+    }
+    let body_len = u32::try_from(body_bytes.len()).map_err(|_| oversize())?;
     let header = PacketHeader {
         model: spec.id(),
         round: fields.round,
@@ -298,6 +312,16 @@ fn seal_in(
 /// packets that receivers must reject.
 pub fn encode_header(header: &PacketHeader, keypair: &ed25519::Keypair) -> Vec<u8> {
     encode_header_in(Domain::Packet, header, keypair)
+}
+
+/// [`encode_header`] under the snapshot domain ([`seal_snapshot`]'s raw encoder).
+pub fn encode_snapshot_header(header: &PacketHeader, keypair: &ed25519::Keypair) -> Vec<u8> {
+    encode_header_in(Domain::Snapshot, header, keypair)
+}
+
+/// [`encode_header`] under the merge domain ([`seal_merge`]'s raw encoder).
+pub fn encode_merge_header(header: &PacketHeader, keypair: &ed25519::Keypair) -> Vec<u8> {
+    encode_header_in(Domain::Merge, header, keypair)
 }
 
 fn encode_header_in(domain: Domain, header: &PacketHeader, keypair: &ed25519::Keypair) -> Vec<u8> {
@@ -424,7 +448,7 @@ fn decode_header_in(domain: Domain, bytes: &[u8]) -> Result<VerifiedHeader, Deco
         });
     }
     check_canonical_header(&wire, signed)?;
-    let header = header_from_wire(&wire)?;
+    let header = header_from_wire(&wire, domain.max_body())?;
 
     if seal.public_key.len() != PUBLIC_KEY_LEN {
         return Err(DecodeError::InvalidPublicKey);
@@ -490,7 +514,7 @@ fn check_canonical_header(wire: &WireHeader<'_>, signed: &[u8]) -> Result<(), De
     }
 }
 
-fn header_from_wire(w: &WireHeader<'_>) -> Result<PacketHeader, DecodeError> {
+fn header_from_wire(w: &WireHeader<'_>, max_body: usize) -> Result<PacketHeader, DecodeError> {
     let invalid = |field, reason| DecodeError::InvalidField { field, reason };
     if w.sender.len() > MAX_PEER_ID_BYTES {
         return Err(DecodeError::Oversize {
@@ -519,11 +543,11 @@ fn header_from_wire(w: &WireHeader<'_>) -> Result<PacketHeader, DecodeError> {
     if !(w.sketch_scale.is_finite() && w.sketch_scale >= 0.0) {
         return Err(invalid("sketch_scale", "not a finite non-negative number"));
     }
-    if w.body_len as usize > MAX_BODY_BYTES {
+    if w.body_len as usize > max_body {
         return Err(DecodeError::Oversize {
             what: "body",
             len: u64::from(w.body_len),
-            max: MAX_BODY_BYTES as u64,
+            max: max_body as u64,
         });
     }
     let compression = CompressionSummary {
@@ -692,11 +716,13 @@ pub fn decode_body(
     spec: &ModelSpec,
     bytes: &[u8],
 ) -> Result<PacketBody, DecodeError> {
-    if bytes.len() > MAX_BODY_BYTES {
+    // The header, verified under its domain, bounds its body: a snapshot's may be longer than
+    // a packet's.
+    if bytes.len() > MAX_SNAPSHOT_BODY_BYTES {
         return Err(DecodeError::Oversize {
             what: "body",
             len: bytes.len() as u64,
-            max: MAX_BODY_BYTES as u64,
+            max: MAX_SNAPSHOT_BODY_BYTES as u64,
         });
     }
     if bytes.len() as u64 != u64::from(header.body_len) {

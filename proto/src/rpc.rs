@@ -10,6 +10,10 @@
 //! `GetSnapshot` asks a peer for its model as it stands (its cumulative update, sealed with
 //! [`crate::seal_snapshot`]): a node that merged the peer's update moves part of the way toward
 //! its model, so that nodes' models do not drift apart (see `kindred_distill::pull`).
+//! A snapshot is the whole model, so it can outgrow one message: over [`MAX_BODY_BYTES`] the
+//! answer is its signed header alone ([`RpcResponse::SnapshotHeader`]), and the requester
+//! fetches the body in pieces of at most [`MAX_CHUNK_BYTES`] by the body's hash
+//! ([`RpcRequest::GetChunk`]), resuming where it stopped if a connection drops.
 //!
 //! The hub exchange has members push their packet to a hub ([`RpcRequest::Push`]), which answers
 //! at once ([`RpcResponse::PushAnswer`]) and later serves one merged update to each member that
@@ -58,7 +62,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::header::PacketId;
 pub use crate::limits::MAX_PEER_ID_BYTES;
-use crate::limits::{MAX_BODY_BYTES, MAX_HEADER_BYTES};
+use crate::limits::{MAX_BODY_BYTES, MAX_CHUNK_BYTES, MAX_HEADER_BYTES};
 
 /// Most keys or packet ids one `GetHeaders` request may name.
 ///
@@ -120,11 +124,14 @@ pub const MAX_PUSH_ANSWER_BYTES: usize = MAX_PEER_ID_BYTES + 32;
 pub const MAX_MERGE_RESPONSE_BYTES: usize =
     MAX_HEADER_BYTES + MAX_BODY_BYTES + MAX_PEER_LIST_BYTES + PACKET_FRAMING;
 
+/// Largest encoded `Chunk` response accepted (bytes): the largest piece plus its framing.
+pub const MAX_CHUNK_RESPONSE_BYTES: usize = MAX_CHUNK_BYTES + 32;
+
 /// Largest encoded response of any kind (bytes): the largest of the per-kind limits.
 pub const MAX_RESPONSE_BYTES: usize = max(
     max(MAX_HEADERS_RESPONSE_BYTES, MAX_BODY_RESPONSE_BYTES),
     max(
-        MAX_SNAPSHOT_RESPONSE_BYTES,
+        max(MAX_SNAPSHOT_RESPONSE_BYTES, MAX_CHUNK_RESPONSE_BYTES),
         max(MAX_PUSH_ANSWER_BYTES, MAX_MERGE_RESPONSE_BYTES),
     ),
 );
@@ -190,10 +197,27 @@ pub enum RpcRequest {
         /// The packet whose body is wanted.
         packet: PacketId,
     },
-    /// Ask for the responder's model snapshot; answered by [`RpcResponse::Snapshot`].
+    /// Ask for the responder's model snapshot; answered by [`RpcResponse::Snapshot`], or, for
+    /// a body over [`MAX_BODY_BYTES`], by [`RpcResponse::SnapshotHeader`] alone (the body is then
+    /// fetched in pieces with [`RpcRequest::GetChunk`]).
     GetSnapshot {
         /// Echoed by the response.
         id: RequestId,
+    },
+    /// Ask for `len` bytes from `offset` of a body the responder serves, named by its blake3
+    /// hash (as its signed header says): today a snapshot's whose `GetSnapshot` was answered
+    /// with its header alone. Answered by [`RpcResponse::Chunk`] with exactly
+    /// `min(len, body length − offset)` bytes, or [`RpcResponse::Error`] when the responder does
+    /// not (or no longer) serve that body.
+    GetChunk {
+        /// Echoed by the response.
+        id: RequestId,
+        /// The body's blake3 hash.
+        body_hash: [u8; 32],
+        /// Where the piece starts in the body.
+        offset: u64,
+        /// Its length: 1..=[`MAX_CHUNK_BYTES`].
+        len: u32,
     },
     /// A member's push to its hub: its packet for `round` and the peers of its cohort view.
     /// Answered at once by [`RpcResponse::PushAnswer`].
@@ -332,6 +356,22 @@ pub enum RpcResponse {
         /// The encoded body (at most [`MAX_BODY_BYTES`]).
         body: Vec<u8>,
     },
+    /// The header of a snapshot whose body is over [`MAX_BODY_BYTES`]: verify it with
+    /// [`crate::decode_snapshot_header`], then fetch the body it announces with
+    /// [`RpcRequest::GetChunk`].
+    SnapshotHeader {
+        /// The request's id.
+        id: RequestId,
+        /// The encoded header, signed under the snapshot domain (at most [`MAX_HEADER_BYTES`]).
+        header: Vec<u8>,
+    },
+    /// A piece of a body, answering [`RpcRequest::GetChunk`] (at most [`MAX_CHUNK_BYTES`]).
+    Chunk {
+        /// The request's id.
+        id: RequestId,
+        /// The bytes.
+        bytes: Vec<u8>,
+    },
     /// The request could not be answered.
     Error {
         /// The request's id.
@@ -381,11 +421,13 @@ pub enum RpcKind {
     Push,
     /// `GetMerge` / `Merge`.
     Merge,
+    /// `GetChunk` / `Chunk`.
+    Chunk,
 }
 
 impl RpcKind {
-    /// A short, stable label (`"headers"`, `"body"`, `"snapshot"`, `"push"`, `"merge"`) for
-    /// metrics and logs.
+    /// A short, stable label (`"headers"`, `"body"`, `"snapshot"`, `"push"`, `"merge"`,
+    /// `"chunk"`) for metrics and logs.
     pub fn label(self) -> &'static str {
         match self {
             Self::Headers => "headers",
@@ -393,6 +435,7 @@ impl RpcKind {
             Self::Snapshot => "snapshot",
             Self::Push => "push",
             Self::Merge => "merge",
+            Self::Chunk => "chunk",
         }
     }
 }
@@ -466,6 +509,9 @@ pub enum RpcEncodeError {
     /// A peer id (in a peer list or a redirect) is empty.
     #[error("a peer id must not be empty")]
     EmptyPeerId,
+    /// A `GetChunk` asks for no bytes.
+    #[error("a snapshot chunk request must ask for at least one byte")]
+    EmptyChunk,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -502,6 +548,12 @@ enum WireRequest<'a> {
     GetMerge {
         id: u64,
         round: u64,
+    },
+    Chunk {
+        id: u64,
+        hash: [u8; 32],
+        offset: u64,
+        len: u32,
     },
 }
 
@@ -559,6 +611,14 @@ enum WireResponse<'a> {
         lineage: u64,
         count: u32,
     },
+    SnapshotHeader {
+        id: u64,
+        header: &'a [u8],
+    },
+    Chunk {
+        id: u64,
+        bytes: &'a [u8],
+    },
 }
 
 fn oversize_enc(what: &'static str, len: usize, max: usize) -> RpcEncodeError {
@@ -612,6 +672,14 @@ fn check_packet(header: &[u8], body: &[u8]) -> Result<(), RpcEncodeError> {
         Some((what, len, max)) => Err(oversize_enc(what, len, max)),
         None => Ok(()),
     }
+}
+
+/// A chunk request's length: 1..=[`MAX_CHUNK_BYTES`].
+fn check_chunk_len(len: u32) -> Result<(), ()> {
+    if len == 0 || len as usize > MAX_CHUNK_BYTES {
+        return Err(());
+    }
+    Ok(())
 }
 
 /// Refuse a peer id that receivers would refuse: empty, or longer than [`MAX_PEER_ID_BYTES`].
@@ -696,6 +764,7 @@ impl RpcRequest {
             Self::GetHeaders { id, .. }
             | Self::GetBody { id, .. }
             | Self::GetSnapshot { id }
+            | Self::GetChunk { id, .. }
             | Self::Push { id, .. }
             | Self::GetMerge { id, .. } => *id,
         }
@@ -709,6 +778,7 @@ impl RpcRequest {
             Self::GetSnapshot { .. } => RpcKind::Snapshot,
             Self::Push { .. } => RpcKind::Push,
             Self::GetMerge { .. } => RpcKind::Merge,
+            Self::GetChunk { .. } => RpcKind::Chunk,
         }
     }
 
@@ -720,6 +790,7 @@ impl RpcRequest {
             RpcKind::Snapshot => MAX_SNAPSHOT_RESPONSE_BYTES,
             RpcKind::Push => MAX_PUSH_ANSWER_BYTES,
             RpcKind::Merge => MAX_MERGE_RESPONSE_BYTES,
+            RpcKind::Chunk => MAX_CHUNK_RESPONSE_BYTES,
         }
     }
 
@@ -752,6 +823,9 @@ impl RpcRequest {
                     + peer_list_len(known)
             }
             Self::GetMerge { id, round } => 1 + varint_len(id.0) + varint_len(*round),
+            Self::GetChunk {
+                id, offset, len, ..
+            } => 1 + varint_len(id.0) + KEY_LEN + varint_len(*offset) + varint_len(u64::from(*len)),
         }
     }
 
@@ -776,6 +850,9 @@ impl RpcRequest {
                 check_packet(header, body)?;
                 check_peer_list("known peer list", known).map(drop)
             }
+            Self::GetChunk { len: 0, .. } => Err(RpcEncodeError::EmptyChunk),
+            Self::GetChunk { len, .. } => check_chunk_len(*len)
+                .map_err(|()| oversize_enc("chunk", *len as usize, MAX_CHUNK_BYTES)),
             Self::GetBody { .. } | Self::GetSnapshot { .. } | Self::GetMerge { .. } => Ok(()),
         }
     }
@@ -845,6 +922,21 @@ impl RpcRequest {
                 &WireRequest::GetMerge {
                     id: id.0,
                     round: *round,
+                },
+                out,
+            )
+            .unwrap_or_default(),
+            Self::GetChunk {
+                id,
+                body_hash,
+                offset,
+                len,
+            } => postcard::to_extend(
+                &WireRequest::Chunk {
+                    id: id.0,
+                    hash: *body_hash,
+                    offset: *offset,
+                    len: *len,
                 },
                 out,
             )
@@ -931,6 +1023,30 @@ impl RpcRequest {
                 },
                 rest,
             ),
+            WireRequest::Chunk {
+                id,
+                hash,
+                offset,
+                len,
+            } => {
+                if check_chunk_len(len).is_err() {
+                    if len == 0 {
+                        return Err(RpcDecodeError::Malformed {
+                            detail: "empty chunk request",
+                        });
+                    }
+                    return Err(oversize_dec("chunk", len as usize, MAX_CHUNK_BYTES));
+                }
+                (
+                    Self::GetChunk {
+                        id: RequestId(id),
+                        body_hash: hash,
+                        offset,
+                        len,
+                    },
+                    rest,
+                )
+            }
         };
         if !rest.is_empty() {
             return Err(RpcDecodeError::TrailingBytes { extra: rest.len() });
@@ -974,7 +1090,9 @@ impl RpcResponse {
             | Self::Snapshot { id, .. }
             | Self::Error { id, .. }
             | Self::PushAnswer { id, .. }
-            | Self::Merge { id, .. } => *id,
+            | Self::Merge { id, .. }
+            | Self::SnapshotHeader { id, .. }
+            | Self::Chunk { id, .. } => *id,
         }
     }
 
@@ -993,6 +1111,8 @@ impl RpcResponse {
                 1 + varint_len(id.0) + byte_string_len(header) + byte_string_len(body)
             }
             Self::Error { id, .. } => 1 + varint_len(id.0) + 1,
+            Self::SnapshotHeader { id, header } => 1 + varint_len(id.0) + byte_string_len(header),
+            Self::Chunk { id, bytes } => 1 + varint_len(id.0) + byte_string_len(bytes),
             Self::PushAnswer { id, answer } => {
                 let answer = match answer {
                     PushAnswer::NotHub { hub } => 1 + byte_string_len(hub),
@@ -1037,7 +1157,11 @@ impl RpcResponse {
             }
             Self::Body { body, .. } => check_packet(&[], body),
             Self::Snapshot { header, body, .. } => check_packet(header, body),
-            Self::Error { .. } => Ok(()),
+            Self::SnapshotHeader { header, .. } => check_packet(header, &[]),
+            Self::Chunk { bytes, .. } if bytes.len() > MAX_CHUNK_BYTES => {
+                Err(oversize_enc("chunk", bytes.len(), MAX_CHUNK_BYTES))
+            }
+            Self::Chunk { .. } | Self::Error { .. } => Ok(()),
             Self::PushAnswer { answer, .. } => match answer {
                 PushAnswer::NotHub { hub } => check_peer_id(hub),
                 PushAnswer::Accepted
@@ -1131,6 +1255,14 @@ impl RpcResponse {
                 };
                 let out = postcard::to_extend(&wire, out).unwrap_or_default();
                 write_byte_strings(out, listed)
+            }
+            Self::SnapshotHeader { id, header } => {
+                let wire = WireResponse::SnapshotHeader { id: id.0, header };
+                postcard::to_extend(&wire, out).unwrap_or_default()
+            }
+            Self::Chunk { id, bytes } => {
+                let wire = WireResponse::Chunk { id: id.0, bytes };
+                postcard::to_extend(&wire, out).unwrap_or_default()
             }
         })
     }
@@ -1235,6 +1367,22 @@ impl RpcResponse {
                     cosine,
                     lineage,
                     listed,
+                }
+            }
+            WireResponse::SnapshotHeader { id, header } => {
+                check_received_packet(header, &[])?;
+                Self::SnapshotHeader {
+                    id: RequestId(id),
+                    header: header.to_vec(),
+                }
+            }
+            WireResponse::Chunk { id, bytes } => {
+                if bytes.len() > MAX_CHUNK_BYTES {
+                    return Err(oversize_dec("chunk", bytes.len(), MAX_CHUNK_BYTES));
+                }
+                Self::Chunk {
+                    id: RequestId(id),
+                    bytes: bytes.to_vec(),
                 }
             }
         };

@@ -105,13 +105,50 @@ fn oversize_body_length_in_header() {
     ));
 }
 
+/// A packet body over the limit is refused by its header, which cannot announce it: the bytes
+/// are never hashed or parsed.
 #[test]
 fn oversize_body() {
     let header = sealed().header.into_header();
     let bytes = vec![0u8; MAX_BODY_BYTES + 1];
     assert!(matches!(
         decode_body(&header, &spec(), &bytes).unwrap_err(),
-        DecodeError::Oversize { what: "body", .. }
+        DecodeError::BodyLengthMismatch { .. }
+    ));
+}
+
+/// A snapshot is the whole model: its header may announce a body past a packet's limit, up to
+/// `MAX_SNAPSHOT_BODY_BYTES`; a packet's or a merge's may not.
+#[test]
+fn only_a_snapshot_header_announces_a_body_past_the_packet_limit() {
+    let keypair = key(1);
+    let mut header = sealed().header.into_header();
+    let domains = |header: &kindred_proto::PacketHeader| {
+        let bytes = encode_header(header, &keypair);
+        let resealed = kindred_proto::encode_snapshot_header(header, &keypair);
+        let merge = kindred_proto::encode_merge_header(header, &keypair);
+        (
+            decode_header(&bytes).map(drop),
+            kindred_proto::decode_snapshot_header(&resealed).map(drop),
+            kindred_proto::decode_merge_header(&merge).map(drop),
+        )
+    };
+    header.body_len = MAX_BODY_BYTES as u32 + 1;
+    let (packet, snapshot, merge) = domains(&header);
+    assert!(matches!(
+        packet,
+        Err(DecodeError::Oversize { what: "body", .. })
+    ));
+    assert!(matches!(
+        merge,
+        Err(DecodeError::Oversize { what: "body", .. })
+    ));
+    assert_eq!(snapshot, Ok(()));
+    header.body_len = kindred_proto::MAX_SNAPSHOT_BODY_BYTES as u32 + 1;
+    let (_, snapshot, _) = domains(&header);
+    assert!(matches!(
+        snapshot,
+        Err(DecodeError::Oversize { what: "body", .. })
     ));
 }
 

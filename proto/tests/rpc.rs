@@ -5,7 +5,7 @@
 mod common;
 
 use kindred_proto::rpc::*;
-use kindred_proto::{MAX_BODY_BYTES, MAX_HEADER_BYTES, PacketId, decode_header};
+use kindred_proto::{MAX_BODY_BYTES, MAX_CHUNK_BYTES, MAX_HEADER_BYTES, PacketId, decode_header};
 use prop::collection::vec;
 use proptest::prelude::*;
 
@@ -83,6 +83,18 @@ fn arb_request() -> impl Strategy<Value = RpcRequest> {
             id: RequestId(id),
             round
         }),
+        (
+            any::<u64>(),
+            any::<[u8; 32]>(),
+            any::<u64>(),
+            1..=MAX_CHUNK_BYTES as u32
+        )
+            .prop_map(|(id, body_hash, offset, len)| RpcRequest::GetChunk {
+                id: RequestId(id),
+                body_hash,
+                offset,
+                len,
+            }),
     ]
 }
 
@@ -119,6 +131,18 @@ fn arb_response() -> impl Strategy<Value = RpcResponse> {
             } else {
                 RpcErrorCode::Refused
             },
+        }),
+        (any::<u64>(), prop::collection::vec(any::<u8>(), 0..300)).prop_map(|(id, header)| {
+            RpcResponse::SnapshotHeader {
+                id: RequestId(id),
+                header,
+            }
+        }),
+        (any::<u64>(), prop::collection::vec(any::<u8>(), 0..2000)).prop_map(|(id, bytes)| {
+            RpcResponse::Chunk {
+                id: RequestId(id),
+                bytes,
+            }
         }),
         (any::<u64>(), arb_push_answer()).prop_map(|(id, answer)| RpcResponse::PushAnswer {
             id: RequestId(id),
@@ -158,7 +182,10 @@ fn answered_kind(response: &RpcResponse) -> Option<RpcKind> {
     match response {
         RpcResponse::Headers { .. } => Some(RpcKind::Headers),
         RpcResponse::Body { .. } => Some(RpcKind::Body),
-        RpcResponse::Snapshot { .. } => Some(RpcKind::Snapshot),
+        RpcResponse::Snapshot { .. } | RpcResponse::SnapshotHeader { .. } => {
+            Some(RpcKind::Snapshot)
+        }
+        RpcResponse::Chunk { .. } => Some(RpcKind::Chunk),
         RpcResponse::PushAnswer { .. } => Some(RpcKind::Push),
         RpcResponse::Merge { .. } => Some(RpcKind::Merge),
         RpcResponse::Error { .. } => None,
@@ -189,6 +216,7 @@ proptest! {
                 RpcKind::Snapshot => MAX_SNAPSHOT_RESPONSE_BYTES,
                 RpcKind::Push => MAX_PUSH_ANSWER_BYTES,
                 RpcKind::Merge => MAX_MERGE_RESPONSE_BYTES,
+                RpcKind::Chunk => MAX_CHUNK_RESPONSE_BYTES,
             };
             prop_assert_eq!(RpcResponse::decode(&bytes, limit).unwrap(), response);
         }
@@ -291,13 +319,13 @@ fn key_list_limits() {
 
 #[test]
 fn unknown_tags_are_malformed() {
-    // The first tags past the last variants (`GetMerge` and `Merge`).
+    // The first tags past the last variants (`GetChunk` and `Chunk`).
     assert!(matches!(
-        RpcRequest::decode(&[7, 0]),
+        RpcRequest::decode(&[8, 0]),
         Err(RpcDecodeError::Malformed { .. })
     ));
     assert!(matches!(
-        RpcResponse::decode(&[6, 0], MAX_RESPONSE_BYTES),
+        RpcResponse::decode(&[8, 0], MAX_RESPONSE_BYTES),
         Err(RpcDecodeError::Malformed { .. })
     ));
     // A push answer with an unknown answer tag.
@@ -615,10 +643,18 @@ fn hub_exchange_encodings_are_pinned() {
         lineage: 300,
         listed: vec![vec![0x10]],
     };
-    let requests: [(&RpcRequest, &str); 3] = [
+    let chunk = RpcRequest::GetChunk {
+        id: RequestId(7),
+        body_hash: [0xab; 32],
+        offset: 300,
+        len: 128,
+    };
+    let golden_chunk = format!("07 07 {} ac02 8001", "ab".repeat(32));
+    let requests: [(&RpcRequest, &str); 4] = [
         (&push, "05 07 03 02aabb 03010203 02 0110 022021"),
         (&get_merge, "06 07 ac02"),
         (&RpcRequest::GetSnapshot { id: RequestId(7) }, "04 07"),
+        (&chunk, &golden_chunk),
     ];
     for (request, golden) in requests {
         let bytes = request.encode().unwrap();
@@ -641,6 +677,20 @@ fn hub_exchange_encodings_are_pinned() {
         ),
         (answer(PushAnswer::Refused { foreign: true }), "04 07 04 01"),
         (merge, "05 07 01aa 00 c89701 ac02 01 0110"),
+        (
+            RpcResponse::SnapshotHeader {
+                id: RequestId(7),
+                header: vec![0xaa, 0xbb],
+            },
+            "06 07 02aabb",
+        ),
+        (
+            RpcResponse::Chunk {
+                id: RequestId(7),
+                bytes: vec![1, 2, 3],
+            },
+            "07 07 03010203",
+        ),
         (
             RpcResponse::Error {
                 id: RequestId(7),
@@ -942,5 +992,61 @@ fn pushed_and_merged_packets_keep_their_limits() {
     assert!(matches!(
         RpcResponse::decode(&[4, 1, 4, 2], MAX_RESPONSE_BYTES),
         Err(RpcDecodeError::Malformed { .. })
+    ));
+}
+
+/// A chunk request asks for 1..=MAX_CHUNK_BYTES bytes, and a chunk carries no more: anything
+/// else is refused on both sides before a byte is copied.
+#[test]
+fn a_chunk_outside_its_bounds_is_refused() {
+    let request = |len: u32| RpcRequest::GetChunk {
+        id: RequestId(1),
+        body_hash: [0; 32],
+        offset: 0,
+        len,
+    };
+    assert_eq!(request(0).encode(), Err(RpcEncodeError::EmptyChunk));
+    assert!(matches!(
+        request(MAX_CHUNK_BYTES as u32 + 1).encode(),
+        Err(RpcEncodeError::Oversize { what: "chunk", .. })
+    ));
+    let wire = |len: u32| {
+        let mut bytes = vec![7u8, 1];
+        bytes.extend([0u8; 32]);
+        bytes.push(0);
+        bytes.extend(postcard::to_allocvec(&len).unwrap());
+        RpcRequest::decode(&bytes)
+    };
+    assert!(matches!(wire(0), Err(RpcDecodeError::Malformed { .. })));
+    assert!(matches!(
+        wire(MAX_CHUNK_BYTES as u32 + 1),
+        Err(RpcDecodeError::Oversize { what: "chunk", .. })
+    ));
+    assert_eq!(
+        wire(MAX_CHUNK_BYTES as u32),
+        Ok(request(MAX_CHUNK_BYTES as u32))
+    );
+
+    let chunk = |len: usize| RpcResponse::Chunk {
+        id: RequestId(1),
+        bytes: vec![0; len],
+    };
+    let largest = chunk(MAX_CHUNK_BYTES).encode().unwrap();
+    assert!(largest.len() <= MAX_CHUNK_RESPONSE_BYTES);
+    assert_eq!(
+        RpcResponse::decode(&largest, MAX_CHUNK_RESPONSE_BYTES).unwrap(),
+        chunk(MAX_CHUNK_BYTES)
+    );
+    assert!(matches!(
+        chunk(MAX_CHUNK_BYTES + 1).encode(),
+        Err(RpcEncodeError::Oversize { what: "chunk", .. })
+    ));
+    // One byte over, framed by hand: refused by the chunk bound, even under the largest limit.
+    let mut over = vec![7u8, 1];
+    over.extend(postcard::to_allocvec(&(MAX_CHUNK_BYTES as u32 + 1)).unwrap());
+    over.resize(over.len() + MAX_CHUNK_BYTES + 1, 0);
+    assert!(matches!(
+        RpcResponse::decode(&over, MAX_RESPONSE_BYTES),
+        Err(RpcDecodeError::Oversize { what: "chunk", .. })
     ));
 }

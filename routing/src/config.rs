@@ -225,9 +225,17 @@ pub struct CoreConfig {
     pub hot_band_capacity: usize,
     /// Who may fetch this node's model snapshot: a peer earns one fetch each time this node
     /// serves it a packet body (a partner merging its update), valid for this long. A snapshot
-    /// is up to 64 MiB against a 9-byte request, so serving anyone who asks would make every
-    /// node a traffic amplifier. Default 2 min; `None` serves anyone (tests, trusted swarms).
+    /// is the whole model (up to 2 GiB, in pieces past 64 MiB) against a 9-byte request, so
+    /// serving anyone who asks would make every node a traffic amplifier. Default 2 min; `None`
+    /// serves anyone (tests, trusted swarms).
     pub snapshot_grant: Option<Duration>,
+    /// Largest snapshot body answered in one `Snapshot` response; a larger one is answered with
+    /// its header alone and fetched in pieces. Default (and most)
+    /// [`kindred_proto::MAX_BODY_BYTES`].
+    pub snapshot_inline_bytes: usize,
+    /// Bytes this node asks for in each piece of a peer's large snapshot. Default (and most)
+    /// [`kindred_proto::MAX_CHUNK_BYTES`]: a piece must arrive within one request's timeout.
+    pub snapshot_chunk_bytes: usize,
 }
 
 impl CoreConfig {
@@ -245,6 +253,8 @@ impl CoreConfig {
             index_capacity: 16_384,
             hot_band_capacity: 4096,
             snapshot_grant: Some(Duration::from_secs(120)),
+            snapshot_inline_bytes: kindred_proto::MAX_BODY_BYTES,
+            snapshot_chunk_bytes: kindred_proto::MAX_CHUNK_BYTES,
         }
     }
 }

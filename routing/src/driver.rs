@@ -217,6 +217,9 @@ impl Driver {
                     }
                 }
             }
+            Command::Disconnect { peer, reply } => {
+                let _ = reply.send(self.swarm.disconnect_peer_id(peer).is_ok());
+            }
             Command::AddPeer { peer, addr } => {
                 self.swarm
                     .behaviour_mut()

@@ -189,6 +189,10 @@ pub(crate) enum Command {
         peer: PeerId,
         addr: Multiaddr,
     },
+    Disconnect {
+        peer: PeerId,
+        reply: oneshot::Sender<bool>,
+    },
     Bootstrap {
         reply: oneshot::Sender<Result<(), BootstrapError>>,
     },
@@ -277,6 +281,14 @@ impl RoutingHandle {
         self.ask(|reply| Command::Dial { addr, reply })
             .await
             .unwrap_or(Err(DialError::Stopped))
+    }
+
+    /// Close every connection to `peer` (a request to it later dials it again, as after a
+    /// dropped connection); whether one was open.
+    pub async fn disconnect(&self, peer: PeerId) -> bool {
+        self.ask(|reply| Command::Disconnect { peer, reply })
+            .await
+            .unwrap_or(false)
     }
 
     /// Add a known peer address to the routing table (a bootstrap node, say).

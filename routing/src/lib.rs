@@ -35,7 +35,8 @@
 //! `find_partners(PartnerQuery::new(header, margins, spec))`. The result holds ranked verified
 //! candidate headers and the verified bodies of the top `m` above the cosine gate, ready for
 //! synthesis. Every few rounds, [`RoutingHandle::fetch_snapshot`] fetches one partner's verified
-//! model snapshot (served from [`store::PacketStore::snapshot`]). Persist
+//! model snapshot (served from [`store::PacketStore::snapshot`]; past 64 MiB in resumable
+//! pieces, [`snapshot`]). Persist
 //! [`RoutingHandle::replay_marks`] (and restore them with
 //! [`RoutingHandle::restore_replay_marks`]) if replay protection must survive restarts.
 #![deny(clippy::indexing_slicing)]
@@ -87,7 +88,7 @@ pub use lookup::{
 };
 pub use metrics::RoutingMetrics;
 pub use snapshot::{SnapshotError, SnapshotFetchId};
-pub use store::{MemoryStore, PacketStore};
+pub use store::{MemoryStore, PacketStore, StoredSnapshot};
 
 /// The README's examples, compiled and run as doctests.
 #[cfg(doctest)]

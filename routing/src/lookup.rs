@@ -634,6 +634,8 @@ impl RoutingCore {
             RpcResponse::Error { .. } => return,
             RpcResponse::Body { .. }
             | RpcResponse::Snapshot { .. }
+            | RpcResponse::SnapshotHeader { .. }
+            | RpcResponse::Chunk { .. }
             | RpcResponse::PushAnswer { .. }
             | RpcResponse::Merge { .. } => {
                 return self.reject(&peer, "unexpected_response", Some(Severity::Major), now);
@@ -770,6 +772,8 @@ impl RoutingCore {
             }
             RpcResponse::Headers { .. }
             | RpcResponse::Snapshot { .. }
+            | RpcResponse::SnapshotHeader { .. }
+            | RpcResponse::Chunk { .. }
             | RpcResponse::PushAnswer { .. }
             | RpcResponse::Merge { .. } => {
                 return self.reject(&peer, "unexpected_response", Some(Severity::Major), now);

@@ -133,7 +133,8 @@ impl RoutingMetrics {
         match kind {
             RpcKind::Headers => &mut self.headers,
             RpcKind::Body => &mut self.body,
-            RpcKind::Snapshot => &mut self.snapshot,
+            // A large snapshot's pieces are snapshot traffic.
+            RpcKind::Snapshot | RpcKind::Chunk => &mut self.snapshot,
             RpcKind::Push => &mut self.push,
             RpcKind::Merge => &mut self.merge,
         }

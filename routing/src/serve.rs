@@ -9,7 +9,9 @@
 //! - a body goes out only as the answer to a `GetBody` naming its id: nothing is ever pushed;
 //! - `GetSnapshot` returns the node's newest model snapshot, if the store holds one, and only
 //!   to a peer that was served one of this node's bodies lately (one snapshot per body: see
-//!   [`crate::snapshot`]); anyone else is refused;
+//!   [`crate::snapshot`]); anyone else is refused. A snapshot too large for one response is
+//!   answered with its header, and `GetChunk` then serves pieces of that body (by its
+//!   hash) to the peer that asked, while its grant lasts;
 //! - the hub exchange's `Push` and `GetMerge` never reach the store: the driver hands them to
 //!   the node that serves the exchange ([`crate::exchange_rpc`]), or refuses them.
 //!
@@ -24,7 +26,7 @@ use std::time::Instant;
 use kindred_proto::rpc::{
     HeaderQuery, MAX_HEADERS_PER_RESPONSE, RpcErrorCode, RpcRequest, RpcResponse,
 };
-use kindred_proto::{MAX_BODY_BYTES, MAX_HEADER_BYTES};
+use kindred_proto::{MAX_BODY_BYTES, MAX_HEADER_BYTES, MAX_SNAPSHOT_BODY_BYTES};
 use libp2p::PeerId;
 
 use crate::core::RoutingCore;
@@ -105,10 +107,27 @@ impl RoutingCore {
                     }
                 }
                 RpcRequest::GetSnapshot { .. } => match store.snapshot() {
-                    Some((header, body))
-                        if header.len() <= MAX_HEADER_BYTES && body.len() <= MAX_BODY_BYTES =>
+                    Some(s) if s.header.len() > MAX_HEADER_BYTES => {
+                        tracing::warn!(%peer, "model snapshot header is over the wire limit");
+                        not_found
+                    }
+                    Some(s)
+                        if s.body.len()
+                            <= self.config.snapshot_inline_bytes.min(MAX_BODY_BYTES) =>
                     {
-                        RpcResponse::Snapshot { id, header, body }
+                        RpcResponse::Snapshot {
+                            id,
+                            header: s.header.clone(),
+                            body: s.body.clone(),
+                        }
+                    }
+                    // Too large for one response: the header, and the body in pieces.
+                    Some(s) if s.body.len() <= MAX_SNAPSHOT_BODY_BYTES => {
+                        self.open_snapshot_chunks(peer, s.body_hash, now);
+                        RpcResponse::SnapshotHeader {
+                            id,
+                            header: s.header.clone(),
+                        }
                     }
                     Some(_) => {
                         tracing::warn!(%peer, "model snapshot is over the wire limit");
@@ -116,6 +135,33 @@ impl RoutingCore {
                     }
                     None => not_found,
                 },
+                RpcRequest::GetChunk {
+                    body_hash,
+                    offset,
+                    len,
+                    ..
+                } => {
+                    if !self.may_fetch_snapshot_chunk(&peer, body_hash, now) {
+                        RpcResponse::Error {
+                            id,
+                            code: RpcErrorCode::Refused,
+                        }
+                    } else {
+                        // Only the snapshot served now: one replaced since is not found, and
+                        // the fetch starts again from its header.
+                        let piece = store.snapshot().and_then(|s| {
+                            let start = usize::try_from(*offset).ok()?;
+                            let end = start.saturating_add(*len as usize).min(s.body.len());
+                            (s.body_hash == *body_hash && start < end)
+                                .then(|| s.body.get(start..end).map(<[u8]>::to_vec))
+                                .flatten()
+                        });
+                        match piece {
+                            Some(bytes) => RpcResponse::Chunk { id, bytes },
+                            None => not_found,
+                        }
+                    }
+                }
                 // Answered by the node through `exchange_rpc`; refused if one gets here.
                 RpcRequest::Push { .. } | RpcRequest::GetMerge { .. } => RpcResponse::Error {
                     id,

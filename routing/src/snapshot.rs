@@ -8,22 +8,34 @@
 //! must be a snapshot signed by the peer asked, of the local model, from a recent round, or the
 //! fetch fails (and a peer that sent invalid bytes is penalised like one that sent a bad packet).
 //!
-//! Serving is narrow too. A snapshot answer is the whole model (up to 64 MiB) for a 9-byte
+//! Serving is narrow too. A snapshot answer is the whole model (up to 2 GiB) for a 9-byte
 //! request, so a node serves it only to a peer it just served a packet body to: each body served
 //! grants that peer one snapshot fetch, for [`crate::CoreConfig::snapshot_grant`]. That is
 //! exactly the honest flow (a node fetches the snapshot of a partner whose update it merged),
 //! and it bounds what a peer can pull out of a node to one snapshot per body it fetched.
 //!
+//! A snapshot is the whole model, and past one response's limit (64 MiB: an int8 snapshot of
+//! about 6.7 × 10^7 parameters) it travels in pieces. The answer to `GetSnapshot` is then the
+//! signed header alone; the fetcher checks it (signer, model, round) and asks for the body a
+//! piece at a time by its hash (`GetChunk`, [`crate::CoreConfig::snapshot_chunk_bytes`]
+//! each), every piece exactly as long as asked. A piece that does not come (a timeout, a dropped
+//! connection) is asked for again from where the body stopped, up to [`CHUNK_RETRIES`] times in
+//! a row, so a fetch resumes instead of starting over; the request re-dials the peer. The whole
+//! body is checked against the header's length and blake3 hash before it is decoded, so a
+//! tampered piece fails the fetch (and penalises the peer) before anything uses the model. The
+//! pieces are not checked one by one: a peer that lies wastes one fetch of the fetcher's
+//! bandwidth, and then it is penalised like any other invalid answer.
+//!
 //! Sans-IO like the rest of the core: [`RoutingCore::fetch_snapshot`] emits an
-//! [`Output::SendRequest`], and the response reported through
-//! [`RoutingCore::handle_response`] ends in one [`Output::SnapshotFetched`].
+//! [`Output::SendRequest`], and the responses reported through
+//! [`RoutingCore::handle_response`] end in one [`Output::SnapshotFetched`].
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kindred_proto::rpc::{RequestId, RpcErrorCode, RpcKind, RpcRequest, RpcResponse};
-use kindred_proto::{ModelSpec, OutcomePacket};
+use kindred_proto::{MAX_CHUNK_BYTES, ModelSpec, OutcomePacket, decode_snapshot_header};
 use libp2p::PeerId;
 
 use crate::core::{Output, RequestFailure, RoutingCore};
@@ -66,19 +78,47 @@ pub enum SnapshotError {
     Stopped,
 }
 
+/// Pieces of a large snapshot asked for again in a row, at most, before its fetch fails.
+pub const CHUNK_RETRIES: u32 = 3;
+
 /// A snapshot fetch waiting for its response.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct SnapshotFetch {
     pub(crate) fetch: SnapshotFetchId,
     pub(crate) peer: PeerId,
     pub(crate) spec: Arc<ModelSpec>,
     pub(crate) oldest_round: u64,
+    /// A large snapshot's body as it arrives, once its header came.
+    pub(crate) download: Option<Download>,
 }
 
-/// Peers allowed one snapshot fetch each, since when: granted by serving them a body.
+/// A large snapshot's body being fetched in pieces.
+#[derive(Debug)]
+pub(crate) struct Download {
+    /// The signed header (checked when it came, and again with the whole body).
+    header: Vec<u8>,
+    body_hash: [u8; 32],
+    body_len: usize,
+    /// The body so far: every piece asked for in order, exactly as long as asked.
+    body: Vec<u8>,
+    /// Failed requests in a row left before the fetch fails.
+    retries_left: u32,
+}
+
+/// What one response did to a fetch.
+enum Step {
+    /// The fetch ends.
+    Done(Result<Box<OutcomePacket>, SnapshotError>),
+    /// Ask for the next piece (or the same one again).
+    Next,
+}
+
+/// Peers allowed one snapshot fetch each, since when: granted by serving them a body. A peer
+/// answered with a large snapshot's header may then fetch that body's pieces, for as long.
 #[derive(Debug, Default)]
 pub(crate) struct SnapshotGrants {
     granted: HashMap<PeerId, Instant>,
+    chunks: HashMap<PeerId, ([u8; 32], Instant)>,
 }
 
 impl SnapshotGrants {
@@ -109,6 +149,26 @@ impl SnapshotGrants {
             .remove(peer)
             .is_some_and(|at| now.saturating_duration_since(at) < ttl)
     }
+
+    /// `peer` was answered with the header of the snapshot whose body hashes to `hash`: it may
+    /// fetch that body's pieces.
+    fn open_chunks(&mut self, peer: PeerId, hash: [u8; 32], now: Instant, ttl: Duration) {
+        if self.chunks.len() >= Self::CAPACITY && !self.chunks.contains_key(&peer) {
+            self.chunks
+                .retain(|_, (_, at)| now.saturating_duration_since(*at) < ttl);
+            if self.chunks.len() >= Self::CAPACITY {
+                return;
+            }
+        }
+        self.chunks.insert(peer, (hash, now));
+    }
+
+    /// Whether `peer` may fetch a piece of the body hashing to `hash`.
+    fn chunk_allowed(&self, peer: &PeerId, hash: &[u8; 32], now: Instant, ttl: Duration) -> bool {
+        self.chunks
+            .get(peer)
+            .is_some_and(|(h, at)| h == hash && now.saturating_duration_since(*at) < ttl)
+    }
 }
 
 impl RoutingCore {
@@ -117,6 +177,26 @@ impl RoutingCore {
         match self.config.snapshot_grant {
             None => true,
             Some(ttl) => self.snapshot_grants.take(peer, now, ttl),
+        }
+    }
+
+    /// `peer` was answered with a large snapshot's header: it may fetch its body's pieces.
+    pub(crate) fn open_snapshot_chunks(&mut self, peer: PeerId, hash: [u8; 32], now: Instant) {
+        if let Some(ttl) = self.config.snapshot_grant {
+            self.snapshot_grants.open_chunks(peer, hash, now, ttl);
+        }
+    }
+
+    /// Whether `peer` may fetch a piece of the snapshot body hashing to `hash` now.
+    pub(crate) fn may_fetch_snapshot_chunk(
+        &self,
+        peer: &PeerId,
+        hash: &[u8; 32],
+        now: Instant,
+    ) -> bool {
+        match self.config.snapshot_grant {
+            None => true,
+            Some(ttl) => self.snapshot_grants.chunk_allowed(peer, hash, now, ttl),
         }
     }
 
@@ -160,6 +240,7 @@ impl RoutingCore {
                 peer,
                 spec,
                 oldest_round,
+                download: None,
             },
         );
         self.outputs
@@ -167,79 +248,201 @@ impl RoutingCore {
         fetch
     }
 
-    /// The response to a [`RoutingCore::fetch_snapshot`] request (called from
+    /// A response to one of a [`RoutingCore::fetch_snapshot`]'s requests (called from
     /// `handle_response`, which has checked that `peer` is the one asked).
     pub(crate) fn on_snapshot_response(
         &mut self,
         peer: PeerId,
         id: RequestId,
-        pending: SnapshotFetch,
+        mut pending: SnapshotFetch,
         result: Result<RpcResponse, RequestFailure>,
         now: Instant,
     ) {
-        let result = self.check_snapshot(peer, id, &pending, result, now);
-        if result.is_ok() {
-            self.scores.reward(&peer, now);
+        match self.snapshot_step(peer, id, &mut pending, result, now) {
+            Step::Next => self.ask_piece(pending),
+            Step::Done(result) => {
+                if result.is_ok() {
+                    self.scores.reward(&peer, now);
+                }
+                self.outputs.push_back(Output::SnapshotFetched {
+                    fetch: pending.fetch,
+                    result,
+                });
+            }
         }
-        self.outputs.push_back(Output::SnapshotFetched {
-            fetch: pending.fetch,
-            result: result.map(Box::new),
-        });
     }
 
-    fn check_snapshot(
+    /// Ask for the next piece of `pending`'s body: from where it stopped, as long as this node
+    /// asks for or what is left.
+    fn ask_piece(&mut self, pending: SnapshotFetch) {
+        let Some(d) = &pending.download else {
+            return;
+        };
+        let len = self
+            .config
+            .snapshot_chunk_bytes
+            .clamp(1, MAX_CHUNK_BYTES)
+            .min(d.body_len.saturating_sub(d.body.len()));
+        let id = RequestId(self.next_id());
+        let request = RpcRequest::GetChunk {
+            id,
+            body_hash: d.body_hash,
+            offset: d.body.len() as u64,
+            // At most MAX_CHUNK_BYTES, so it fits.
+            len: len as u32,
+        };
+        let peer = pending.peer;
+        self.metrics
+            .request_sent(&peer, RpcKind::Chunk, request.encoded_len());
+        self.snapshot_fetches.insert(id, pending);
+        self.outputs
+            .push_back(Output::SendRequest { peer, request });
+    }
+
+    fn snapshot_step(
         &mut self,
         peer: PeerId,
         id: RequestId,
-        pending: &SnapshotFetch,
+        pending: &mut SnapshotFetch,
         result: Result<RpcResponse, RequestFailure>,
         now: Instant,
-    ) -> Result<OutcomePacket, SnapshotError> {
-        let kind = RpcKind::Snapshot;
+    ) -> Step {
+        let kind = if pending.download.is_some() {
+            RpcKind::Chunk
+        } else {
+            RpcKind::Snapshot
+        };
         let response = match result {
             Ok(response) => response,
             Err(RequestFailure::Protocol(reason)) => {
                 self.metrics.request_failed(kind, reason);
                 self.reject(&peer, reason, Some(Severity::Major), now);
-                return Err(SnapshotError::Invalid(reason));
+                return Step::Done(Err(SnapshotError::Invalid(reason)));
             }
             Err(failure) => {
                 self.count_failure(kind, &failure);
-                return Err(SnapshotError::Failed(failure.label()));
+                // A piece that did not come is asked for again, from where the body stopped.
+                if let Some(d) = pending.download.as_mut()
+                    && d.retries_left > 0
+                {
+                    d.retries_left -= 1;
+                    tracing::debug!(%peer, at = d.body.len(), of = d.body_len,
+                        failure = failure.label(), "snapshot piece asked for again");
+                    return Step::Next;
+                }
+                return Step::Done(Err(SnapshotError::Failed(failure.label())));
             }
         };
         self.metrics
             .response_received(&peer, kind, response.encoded_len());
         let invalid = |core: &mut Self, reason: &'static str, severity: Severity| {
             core.reject(&peer, reason, Some(severity), now);
-            SnapshotError::Invalid(reason)
+            Step::Done(Err(SnapshotError::Invalid(reason)))
         };
-        let (header, body) = match response {
-            RpcResponse::Snapshot { id: echoed, .. } if echoed != id => {
-                return Err(invalid(self, "id_mismatch", Severity::Major));
-            }
-            RpcResponse::Snapshot { header, body, .. } => (header, body),
-            RpcResponse::Error { code, .. } => {
-                let (label, error) = match code {
-                    RpcErrorCode::Refused => ("refused", SnapshotError::Refused),
-                    _ => ("not_found", SnapshotError::NotFound),
+        if response.id() != id {
+            return invalid(self, "id_mismatch", Severity::Major);
+        }
+        match (response, pending.download.as_mut()) {
+            (RpcResponse::Error { code, .. }, download) => {
+                let (label, error) = match (code, download) {
+                    (RpcErrorCode::Refused, _) => ("refused", SnapshotError::Refused),
+                    // The peer sealed a newer snapshot since its header came.
+                    (_, Some(_)) => (
+                        "snapshot_replaced",
+                        SnapshotError::Failed("snapshot_replaced"),
+                    ),
+                    (_, None) => ("not_found", SnapshotError::NotFound),
                 };
                 self.metrics.request_failed(kind, label);
-                return Err(error);
+                Step::Done(Err(error))
             }
-            RpcResponse::Headers { .. }
-            | RpcResponse::Body { .. }
-            | RpcResponse::PushAnswer { .. }
-            | RpcResponse::Merge { .. } => {
-                return Err(invalid(self, "unexpected_response", Severity::Major));
+            (RpcResponse::Snapshot { header, body, .. }, None) => {
+                Step::Done(self.check_snapshot(peer, pending, &header, &body, now))
             }
-        };
-        let snapshot = OutcomePacket::decode_snapshot(&header, &body, &pending.spec)
-            .map_err(|e| invalid(self, e.reason(), crate::lookup::decode_severity(&e)))?;
+            (RpcResponse::SnapshotHeader { header, .. }, None) => {
+                let verified = match decode_snapshot_header(&header) {
+                    Ok(h) => h,
+                    Err(e) => {
+                        return invalid(self, e.reason(), crate::lookup::decode_severity(&e));
+                    }
+                };
+                let h = verified.header();
+                if h.sender != peer {
+                    return invalid(self, "foreign_sender", Severity::Major);
+                }
+                if h.model != pending.spec.id() {
+                    return invalid(self, "model_mismatch", Severity::Major);
+                }
+                if h.round < pending.oldest_round {
+                    self.metrics.request_failed(kind, "stale_snapshot");
+                    return Step::Done(Err(SnapshotError::Stale {
+                        found: h.round,
+                        oldest: pending.oldest_round,
+                    }));
+                }
+                let body_len = h.body_len as usize;
+                if body_len == 0 {
+                    return Step::Done(self.check_snapshot(peer, pending, &header, &[], now));
+                }
+                // Bounded by the header's domain (MAX_SNAPSHOT_BODY_BYTES), and signed by the
+                // peer asked: reserved once, filled as the pieces come.
+                pending.download = Some(Download {
+                    body_hash: h.body_hash,
+                    body_len,
+                    body: Vec::with_capacity(body_len),
+                    header,
+                    retries_left: CHUNK_RETRIES,
+                });
+                Step::Next
+            }
+            (RpcResponse::Chunk { bytes, .. }, Some(d)) => {
+                let asked = self
+                    .config
+                    .snapshot_chunk_bytes
+                    .clamp(1, MAX_CHUNK_BYTES)
+                    .min(d.body_len - d.body.len());
+                if bytes.len() != asked {
+                    return invalid(self, "chunk_length", Severity::Major);
+                }
+                d.body.extend_from_slice(&bytes);
+                d.retries_left = CHUNK_RETRIES;
+                if d.body.len() < d.body_len {
+                    return Step::Next;
+                }
+                let Some(d) = pending.download.take() else {
+                    return Step::Done(Err(SnapshotError::Failed("no_download")));
+                };
+                Step::Done(self.check_snapshot(peer, pending, &d.header, &d.body, now))
+            }
+            _ => invalid(self, "unexpected_response", Severity::Major),
+        }
+    }
+
+    /// A whole snapshot, header and body: verified against the model and the peer asked.
+    fn check_snapshot(
+        &mut self,
+        peer: PeerId,
+        pending: &SnapshotFetch,
+        header: &[u8],
+        body: &[u8],
+        now: Instant,
+    ) -> Result<Box<OutcomePacket>, SnapshotError> {
+        let kind = RpcKind::Snapshot;
+        let snapshot =
+            OutcomePacket::decode_snapshot(header, body, &pending.spec).map_err(|e| {
+                self.reject(
+                    &peer,
+                    e.reason(),
+                    Some(crate::lookup::decode_severity(&e)),
+                    now,
+                );
+                SnapshotError::Invalid(e.reason())
+            })?;
         let h = snapshot.header.header();
         if h.sender != peer {
             // Someone else's snapshot, validly signed: not this peer's model.
-            return Err(invalid(self, "foreign_sender", Severity::Major));
+            self.reject(&peer, "foreign_sender", Some(Severity::Major), now);
+            return Err(SnapshotError::Invalid("foreign_sender"));
         }
         if h.round < pending.oldest_round {
             self.metrics.request_failed(kind, "stale_snapshot");
@@ -248,7 +451,7 @@ impl RoutingCore {
                 oldest: pending.oldest_round,
             });
         }
-        Ok(snapshot)
+        Ok(Box::new(snapshot))
     }
 }
 
@@ -508,5 +711,251 @@ mod tests {
         assert!(core.metrics().rejects.is_empty());
         assert!(!core.is_banned(&a.id, Instant::now()));
         assert_eq!(core.metrics().snapshot.failures, 3);
+    }
+
+    /// A server holding `a`'s snapshot of a 256-value layer (about 1 KB of body), answering
+    /// headers alone past 64 bytes; a client asking for 100-byte pieces.
+    struct Pieces {
+        server: RoutingCore,
+        client: RoutingCore,
+        store: crate::store::MemoryStore,
+        sealed: kindred_proto::SealedPacket,
+        body: PacketBody,
+        big: Arc<ModelSpec>,
+        me: PeerId,
+        a: PeerId,
+    }
+
+    impl Pieces {
+        /// `granted`: the server serves its snapshot only to peers it served a body.
+        fn new(granted: bool) -> Self {
+            let (me, a) = (peer(1), peer(2));
+            let big = Arc::new(
+                ModelSpec::new(vec![LayerSpec::new("w", [256], DType::F32)])
+                    .unwrap_or_else(|e| panic!("{e}")),
+            );
+            let values = (0..256).map(|i| i as f32 / 7.0).collect();
+            let body = PacketBody {
+                layers: vec![LayerPayload::Dense(DenseValues::F32(values))],
+            };
+            let sealed =
+                seal_snapshot(&a.key, &big, fields(6), &body).unwrap_or_else(|e| panic!("{e}"));
+            let store = crate::store::MemoryStore::default();
+            store.set_snapshot(&sealed);
+            let mut cfg = CoreConfig::new(NetworkId::from_name("t"));
+            cfg.snapshot_inline_bytes = 64;
+            cfg.snapshot_chunk_bytes = 100;
+            let mut served = cfg.clone();
+            if !granted {
+                served.snapshot_grant = None;
+            }
+            Self {
+                server: RoutingCore::new(a.id, served),
+                client: RoutingCore::new(me.id, cfg),
+                store,
+                sealed,
+                body,
+                big,
+                me: me.id,
+                a: a.id,
+            }
+        }
+
+        /// Run one fetch to its end; `meddle(n, response)` sees the answer to the client's
+        /// `n`th request (0: the header's) and may change or drop it. Returns the result and
+        /// the offsets asked for.
+        fn fetch(
+            &mut self,
+            mut meddle: impl FnMut(usize, RpcResponse) -> RpcResult,
+        ) -> (Result<Box<OutcomePacket>, SnapshotError>, Vec<u64>) {
+            let now = Instant::now();
+            let fetch = self.client.fetch_snapshot(self.a, self.big.clone(), 0, now);
+            let (mut n, mut offsets) = (0, Vec::new());
+            loop {
+                match self.client.poll_output() {
+                    Some(Output::SendRequest { peer, request }) => {
+                        assert_eq!(peer, self.a);
+                        if let RpcRequest::GetChunk { offset, .. } = &request {
+                            offsets.push(*offset);
+                        }
+                        let response =
+                            self.server
+                                .handle_request(self.me, &request, &self.store, now);
+                        let result = meddle(n, response);
+                        n += 1;
+                        self.client
+                            .handle_response(self.a, request.id(), result, now);
+                    }
+                    Some(Output::SnapshotFetched { fetch: f, result }) if f == fetch => {
+                        return (result, offsets);
+                    }
+                    Some(_) => {}
+                    None => panic!("the fetch did not finish"),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_large_snapshot_comes_in_pieces_and_resumes_after_a_dropped_connection() {
+        let mut t = Pieces::new(false);
+        let len = t.sealed.body_bytes.len() as u64;
+        assert!(len > 1000, "{len}");
+        // The connection drops under the third piece, twice: asked for again from where the
+        // body stopped, and the fetch completes.
+        let (got, offsets) = t.fetch(|n, r| match n {
+            3 | 4 => Err(RequestFailure::ConnectionClosed),
+            _ => Ok(r),
+        });
+        let got = got.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(got.header.header().sender, t.a);
+        assert_eq!(got.body, t.body);
+        let mut expected: Vec<u64> = (0..len.div_ceil(100)).map(|i| i * 100).collect();
+        expected.splice(2..2, [200, 200]);
+        assert_eq!(offsets, expected);
+        assert!(t.client.metrics().rejects.is_empty());
+        // Counted as snapshot traffic: every request and every answer.
+        assert_eq!(
+            t.client.metrics().snapshot.requests_sent.messages,
+            1 + offsets.len() as u64
+        );
+    }
+
+    #[test]
+    fn a_fetch_gives_up_after_its_retries_in_a_row() {
+        let mut t = Pieces::new(false);
+        let (got, offsets) = t.fetch(|n, r| {
+            if n >= 2 {
+                Err(RequestFailure::Timeout)
+            } else {
+                Ok(r)
+            }
+        });
+        assert_eq!(got.err(), Some(SnapshotError::Failed("timeout")));
+        assert_eq!(offsets, [0, 100, 100, 100, 100]);
+        assert!(t.client.metrics().rejects.is_empty());
+    }
+
+    #[test]
+    fn a_tampered_or_short_piece_fails_the_fetch_and_penalises_the_peer() {
+        let mut t = Pieces::new(false);
+        let (got, _) = t.fetch(|n, r| match r {
+            RpcResponse::Chunk { id, mut bytes } if n == 5 => {
+                bytes[10] ^= 1;
+                Ok(RpcResponse::Chunk { id, bytes })
+            }
+            r => Ok(r),
+        });
+        assert_eq!(
+            got.err(),
+            Some(SnapshotError::Invalid("body_hash_mismatch"))
+        );
+        assert_eq!(
+            t.client.metrics().rejects.get("body_hash_mismatch"),
+            Some(&1)
+        );
+
+        let (got, offsets) = t.fetch(|n, r| match r {
+            RpcResponse::Chunk { id, mut bytes } if n == 2 => {
+                bytes.pop();
+                Ok(RpcResponse::Chunk { id, bytes })
+            }
+            r => Ok(r),
+        });
+        assert_eq!(got.err(), Some(SnapshotError::Invalid("chunk_length")));
+        assert_eq!(offsets, [0, 100]);
+
+        // A header for another model is refused before a piece is asked for.
+        let (got, offsets) = t.fetch(|_, r| match r {
+            RpcResponse::SnapshotHeader { id, .. } => {
+                let other = seal_snapshot(&peer(2).key, &spec(), fields(6), &body())
+                    .unwrap_or_else(|e| panic!("{e}"));
+                Ok(RpcResponse::SnapshotHeader {
+                    id,
+                    header: other.header_bytes,
+                })
+            }
+            r => Ok(r),
+        });
+        assert_eq!(got.err(), Some(SnapshotError::Invalid("model_mismatch")));
+        assert!(offsets.is_empty());
+    }
+
+    #[test]
+    fn pieces_are_served_only_after_the_header_and_only_of_the_snapshot_served() {
+        let mut t = Pieces::new(true);
+        let t0 = Instant::now();
+        let hash = t.sealed.header.header().body_hash;
+        let piece = |t: &mut Pieces, body_hash: [u8; 32], offset: u64, at: Instant| {
+            t.server.handle_request(
+                t.me,
+                &RpcRequest::GetChunk {
+                    id: RequestId(9),
+                    body_hash,
+                    offset,
+                    len: 100,
+                },
+                &t.store,
+                at,
+            )
+        };
+        let code = |r: RpcResponse| match r {
+            RpcResponse::Error { code, .. } => Some(code),
+            _ => None,
+        };
+        // Nobody fetches pieces unprompted while snapshots are granted per body.
+        assert_eq!(
+            code(piece(&mut t, hash, 0, t0)),
+            Some(RpcErrorCode::Refused)
+        );
+        // A body served grants the snapshot: its header alone, then its pieces.
+        let packet =
+            seal(&peer(2).key, &spec(), fields(6), &body()).unwrap_or_else(|e| panic!("{e}"));
+        t.store.insert(&packet);
+        let get_body = RpcRequest::GetBody {
+            id: RequestId(1),
+            packet: packet.id(),
+        };
+        let _ = t.server.handle_request(t.me, &get_body, &t.store, t0);
+        let header = t.server.handle_request(
+            t.me,
+            &RpcRequest::GetSnapshot { id: RequestId(2) },
+            &t.store,
+            t0,
+        );
+        assert!(matches!(header, RpcResponse::SnapshotHeader { .. }));
+        let Some(last) = t.sealed.body_bytes.len().checked_sub(5) else {
+            panic!("short body");
+        };
+        match piece(&mut t, hash, last as u64, t0) {
+            RpcResponse::Chunk { bytes, .. } => assert_eq!(bytes, t.sealed.body_bytes[last..]),
+            other => panic!("{other:?}"),
+        }
+        // Another body's pieces were not granted; past the end there is nothing.
+        assert_eq!(
+            code(piece(&mut t, [7; 32], 0, t0)),
+            Some(RpcErrorCode::Refused)
+        );
+        let end = t.sealed.body_bytes.len() as u64;
+        assert_eq!(
+            code(piece(&mut t, hash, end, t0)),
+            Some(RpcErrorCode::NotFound)
+        );
+        // A snapshot replaced since its header went out: its pieces are gone.
+        t.store.set_snapshot(
+            &seal_snapshot(&peer(2).key, &spec(), fields(7), &body())
+                .unwrap_or_else(|e| panic!("{e}")),
+        );
+        assert_eq!(
+            code(piece(&mut t, hash, 0, t0)),
+            Some(RpcErrorCode::NotFound)
+        );
+        let ttl = CoreConfig::new(NetworkId::from_name("t"))
+            .snapshot_grant
+            .unwrap_or_default();
+        assert_eq!(
+            code(piece(&mut t, hash, 0, t0 + ttl)),
+            Some(RpcErrorCode::Refused)
+        );
     }
 }

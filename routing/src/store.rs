@@ -9,7 +9,7 @@
 //! them), so the trait only answers by packet id.
 
 use std::collections::HashMap;
-use std::sync::{PoisonError, RwLock};
+use std::sync::{Arc, PoisonError, RwLock};
 
 use kindred_proto::{PacketId, SealedPacket};
 
@@ -23,10 +23,51 @@ pub trait PacketStore: Send + Sync + 'static {
     fn header(&self, id: &PacketId) -> Option<Vec<u8>>;
     /// The encoded body of packet `id`.
     fn body(&self, id: &PacketId) -> Option<Vec<u8>>;
-    /// The node's newest model snapshot, sealed with [`kindred_proto::seal_snapshot`]: encoded
-    /// header and body. `None` (the default) when the node serves none.
-    fn snapshot(&self) -> Option<(Vec<u8>, Vec<u8>)> {
+    /// The node's newest model snapshot, sealed with [`kindred_proto::seal_snapshot`]. `None`
+    /// (the default) when the node serves none. Shared, not copied: a snapshot is the whole
+    /// model, and each piece of a large one is sliced out of it
+    /// ([`kindred_proto::RpcRequest::GetChunk`]).
+    fn snapshot(&self) -> Option<Arc<StoredSnapshot>> {
         None
+    }
+}
+
+/// A sealed model snapshot as a node serves it.
+///
+/// ```
+/// # use kindred_routing::StoredSnapshot;
+/// let s = StoredSnapshot::new(vec![1], vec![2, 3]);
+/// assert_eq!(s.body_hash, *blake3::hash(&[2, 3]).as_bytes());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredSnapshot {
+    /// The encoded header, signed under the snapshot domain.
+    pub header: Vec<u8>,
+    /// The encoded body.
+    pub body: Vec<u8>,
+    /// The body's blake3 hash (what its header commits to, and chunk requests name).
+    pub body_hash: [u8; 32],
+}
+
+impl StoredSnapshot {
+    /// A snapshot of these bytes (the body hashed once here).
+    pub fn new(header: Vec<u8>, body: Vec<u8>) -> Self {
+        let body_hash = *blake3::hash(&body).as_bytes();
+        Self {
+            header,
+            body,
+            body_hash,
+        }
+    }
+
+    /// A sealed snapshot's bytes, taken without copying (its header holds the body's hash).
+    pub fn sealed(sealed: SealedPacket) -> Self {
+        let body_hash = sealed.header.header().body_hash;
+        Self {
+            header: sealed.header_bytes,
+            body: sealed.body_bytes,
+            body_hash,
+        }
     }
 }
 
@@ -44,7 +85,7 @@ pub trait PacketStore: Send + Sync + 'static {
 #[derive(Debug, Default)]
 pub struct MemoryStore {
     packets: RwLock<HashMap<PacketId, StoredPacket>>,
-    snapshot: RwLock<Option<StoredPacket>>,
+    snapshot: RwLock<Option<Arc<StoredSnapshot>>>,
 }
 
 /// Encoded header and body.
@@ -75,7 +116,7 @@ impl MemoryStore {
             .snapshot
             .write()
             .unwrap_or_else(PoisonError::into_inner) =
-            Some((snapshot.header_bytes.clone(), snapshot.body_bytes.clone()));
+            Some(Arc::new(StoredSnapshot::sealed(snapshot.clone())));
     }
 
     /// Drop a packet.
@@ -117,7 +158,7 @@ impl PacketStore for MemoryStore {
             .map(|(_, b)| b.clone())
     }
 
-    fn snapshot(&self) -> Option<(Vec<u8>, Vec<u8>)> {
+    fn snapshot(&self) -> Option<Arc<StoredSnapshot>> {
         self.snapshot
             .read()
             .unwrap_or_else(PoisonError::into_inner)

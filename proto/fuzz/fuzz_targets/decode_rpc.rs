@@ -1,14 +1,16 @@
 //! Arbitrary bytes into the RPC decoders: they must return, never panic, never allocate past the
 //! limits (run with `-rss_limit_mb`/`-malloc_limit_mb`), and whatever they accept must survive
 //! re-encoding unchanged. The first byte picks the response limit (headers-, body-, snapshot-,
-//! push-answer- or merge-sized, the last being `MAX_RESPONSE_BYTES`), as a requester does from
-//! the request it sent.
+//! push-answer-, chunk- or merge-sized, the last being `MAX_RESPONSE_BYTES`), as a requester
+//! does from the request it sent.
 #![no_main]
 
+use kindred_proto::MAX_CHUNK_BYTES;
 use kindred_proto::rpc::{
-    MAX_BODY_RESPONSE_BYTES, MAX_HEADERS_RESPONSE_BYTES, MAX_KNOWN_PEERS, MAX_PEER_ID_BYTES,
-    MAX_PUSH_ANSWER_BYTES, MAX_PUSH_REQUEST_BYTES, MAX_QUERY_ITEMS, MAX_REQUEST_BYTES,
-    MAX_RESPONSE_BYTES, MAX_SNAPSHOT_RESPONSE_BYTES, PushAnswer, RpcRequest, RpcResponse,
+    MAX_BODY_RESPONSE_BYTES, MAX_CHUNK_RESPONSE_BYTES, MAX_HEADERS_RESPONSE_BYTES, MAX_KNOWN_PEERS,
+    MAX_PEER_ID_BYTES, MAX_PUSH_ANSWER_BYTES, MAX_PUSH_REQUEST_BYTES, MAX_QUERY_ITEMS,
+    MAX_REQUEST_BYTES, MAX_RESPONSE_BYTES, MAX_SNAPSHOT_RESPONSE_BYTES, PushAnswer, RpcRequest,
+    RpcResponse,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -36,6 +38,10 @@ fuzz_target!(|data: &[u8]| {
                 assert!(bytes.len() <= MAX_REQUEST_BYTES);
                 assert!(!query.is_empty() && query.len() <= MAX_QUERY_ITEMS);
             }
+            RpcRequest::GetChunk { len, .. } => {
+                assert!(bytes.len() <= MAX_REQUEST_BYTES);
+                assert!((1..=MAX_CHUNK_BYTES).contains(&(*len as usize)));
+            }
             _ => assert!(bytes.len() <= MAX_REQUEST_BYTES),
         }
         let again = request
@@ -44,11 +50,12 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(again.len(), request.encoded_len());
         assert_eq!(RpcRequest::decode(&again).ok(), Some(request));
     }
-    let limit = match selector % 5 {
+    let limit = match selector % 6 {
         0 => MAX_HEADERS_RESPONSE_BYTES,
         1 => MAX_BODY_RESPONSE_BYTES,
         2 => MAX_SNAPSHOT_RESPONSE_BYTES,
         3 => MAX_PUSH_ANSWER_BYTES,
+        4 => MAX_CHUNK_RESPONSE_BYTES,
         _ => MAX_RESPONSE_BYTES,
     };
     if let Ok(response) = RpcResponse::decode(bytes, limit) {
@@ -62,6 +69,7 @@ fuzz_target!(|data: &[u8]| {
                 answer: PushAnswer::NotHub { hub },
                 ..
             } => check_peers(std::slice::from_ref(hub)),
+            RpcResponse::Chunk { bytes, .. } => assert!(bytes.len() <= MAX_CHUNK_BYTES),
             _ => {}
         }
         let again = response
