@@ -354,6 +354,7 @@ impl Collector for RoutingSnapshot {
                 ("snapshot", &m.snapshot),
                 ("push", &m.push),
                 ("merge", &m.merge),
+                ("chunk", &m.chunk),
             ] {
                 for (direction, message, t) in traffic(k) {
                     let labels = [

@@ -33,7 +33,7 @@ use crate::identity::{
 };
 use crate::limits::{
     FORMAT_VERSION, MAX_ABS_LOSS, MAX_BODY_BYTES, MAX_HEADER_BYTES, MAX_LAYER_ELEMS, MAX_LAYERS,
-    MAX_PEER_ID_BYTES, MAX_SAMPLES, MAX_SKETCH_LEN, MAX_SNAPSHOT_BODY_BYTES,
+    MAX_PEER_ID_BYTES, MAX_PIECED_BODY_BYTES, MAX_SAMPLES, MAX_SKETCH_LEN,
 };
 use crate::payload::{CompressionSummary, DenseValues, LayerPayload, PacketBody, SignBits, TopK};
 use crate::spec::{DType, LayerSpec, ModelId, ModelSpec};
@@ -61,13 +61,13 @@ impl Domain {
         }
     }
 
-    /// The longest body a header of this domain may announce: a snapshot is the whole model
-    /// ([`MAX_SNAPSHOT_BODY_BYTES`]), a packet or a merge one distilled round
+    /// The longest body a header of this domain may announce: a snapshot or a hub's merge may
+    /// travel in pieces ([`MAX_PIECED_BODY_BYTES`]), a packet goes in one push
     /// ([`MAX_BODY_BYTES`]).
     fn max_body(self) -> usize {
         match self {
-            Self::Snapshot => MAX_SNAPSHOT_BODY_BYTES,
-            Self::Packet | Self::Merge => MAX_BODY_BYTES,
+            Self::Snapshot | Self::Merge => MAX_PIECED_BODY_BYTES,
+            Self::Packet => MAX_BODY_BYTES,
         }
     }
 }
@@ -718,11 +718,11 @@ pub fn decode_body(
 ) -> Result<PacketBody, DecodeError> {
     // The header, verified under its domain, bounds its body: a snapshot's may be longer than
     // a packet's.
-    if bytes.len() > MAX_SNAPSHOT_BODY_BYTES {
+    if bytes.len() > MAX_PIECED_BODY_BYTES {
         return Err(DecodeError::Oversize {
             what: "body",
             len: bytes.len() as u64,
-            max: MAX_SNAPSHOT_BODY_BYTES as u64,
+            max: MAX_PIECED_BODY_BYTES as u64,
         });
     }
     if bytes.len() as u64 != u64::from(header.body_len) {

@@ -20,14 +20,15 @@ pub const MAX_HEADER_BYTES: usize = 4096;
 /// several hundred million parameters at the default density, and a 16M-parameter layer dense in f32.
 pub const MAX_BODY_BYTES: usize = 64 << 20;
 
-/// Largest model snapshot body accepted (bytes): 2 GiB, a 10^9-parameter model's int8
-/// snapshot with room to spare.
+/// Largest body moved in pieces (bytes): 2 GiB, a 10^9-parameter model's int8 snapshot with room
+/// to spare.
 ///
 /// A snapshot is the whole model, so unlike a packet it grows with the model, not with the
-/// density: one over [`MAX_BODY_BYTES`] travels in pieces of at most [`MAX_CHUNK_BYTES`]
-/// (`RpcRequest::GetChunk`), each response bounded on its own, and the whole is checked
-/// against the signed header's length and blake3 hash before it is decoded.
-pub const MAX_SNAPSHOT_BODY_BYTES: usize = 2 << 30;
+/// density, and a hub's merge of a model past about 6.5 × 10^8 parameters outgrows one message
+/// too. A snapshot or merge body over [`MAX_BODY_BYTES`] travels in pieces of at most
+/// [`MAX_CHUNK_BYTES`] (`RpcRequest::GetChunk`), each response bounded on its own, and the
+/// whole is checked against the signed header's length and blake3 hash before it is decoded.
+pub const MAX_PIECED_BODY_BYTES: usize = 2 << 30;
 /// Largest piece of a snapshot body one response carries (bytes): 4 MiB.
 pub const MAX_CHUNK_BYTES: usize = 4 << 20;
 /// Most layers a model spec, and therefore a packet body, may have.

@@ -13,7 +13,9 @@
 //! A snapshot is the whole model, so it can outgrow one message: over [`MAX_BODY_BYTES`] the
 //! answer is its signed header alone ([`RpcResponse::SnapshotHeader`]), and the requester
 //! fetches the body in pieces of at most [`MAX_CHUNK_BYTES`] by the body's hash
-//! ([`RpcRequest::GetChunk`]), resuming where it stopped if a connection drops.
+//! ([`RpcRequest::GetChunk`]), resuming where it stopped if a connection drops. A hub's merge
+//! over [`MAX_BODY_BYTES`] (a model of more than about 6.5 × 10^8 parameters at 5%) goes the
+//! same way: [`RpcResponse::MergeHeader`], then its pieces.
 //!
 //! The hub exchange has members push their packet to a hub ([`RpcRequest::Push`]), which answers
 //! at once ([`RpcResponse::PushAnswer`]) and later serves one merged update to each member that
@@ -365,6 +367,22 @@ pub enum RpcResponse {
         /// The encoded header, signed under the snapshot domain (at most [`MAX_HEADER_BYTES`]).
         header: Vec<u8>,
     },
+    /// A hub's merge whose body is over [`MAX_BODY_BYTES`]: [`RpcResponse::Merge`] without its
+    /// body. Verify the header with [`crate::decode_merge_header`], then fetch the body it
+    /// announces with [`RpcRequest::GetChunk`].
+    MergeHeader {
+        /// The request's id.
+        id: RequestId,
+        /// The hub's sealed merge header (at most [`MAX_HEADER_BYTES`]), signed under the merge
+        /// domain.
+        header: Vec<u8>,
+        /// As [`RpcResponse::Merge`]'s.
+        cosine: SketchCosine,
+        /// As [`RpcResponse::Merge`]'s.
+        lineage: u64,
+        /// As [`RpcResponse::Merge`]'s: at most [`MAX_KNOWN_PEERS`] encoded `PeerId`s.
+        listed: Vec<Vec<u8>>,
+    },
     /// A piece of a body, answering [`RpcRequest::GetChunk`] (at most [`MAX_CHUNK_BYTES`]).
     Chunk {
         /// The request's id.
@@ -619,6 +637,14 @@ enum WireResponse<'a> {
         id: u64,
         bytes: &'a [u8],
     },
+    /// Followed by `count` postcard byte strings (the `listed` peers).
+    MergeHeader {
+        id: u64,
+        header: &'a [u8],
+        cosine: i16,
+        lineage: u64,
+        count: u32,
+    },
 }
 
 fn oversize_enc(what: &'static str, len: usize, max: usize) -> RpcEncodeError {
@@ -747,6 +773,22 @@ fn read_peer_list<'a>(
         rest = tail;
     }
     Ok((peers, rest))
+}
+
+/// What a merge's answer carries besides the merge: the hub's cosine (checked in range) and its
+/// listed peers, read off the front of `rest`; returns them and the bytes after.
+type MergeAnswer<'a> = (SketchCosine, Vec<Vec<u8>>, &'a [u8]);
+
+fn read_merge_answer(
+    cosine: i16,
+    count: u32,
+    rest: &[u8],
+) -> Result<MergeAnswer<'_>, RpcDecodeError> {
+    let cosine = SketchCosine::from_permyriad(cosine).ok_or(RpcDecodeError::Malformed {
+        detail: "cosine out of range",
+    })?;
+    let (listed, rest) = read_peer_list("listed peer list", count, rest)?;
+    Ok((cosine, listed, rest))
 }
 
 /// Check a received packet header and body against their limits (before copying them).
@@ -1092,6 +1134,7 @@ impl RpcResponse {
             | Self::PushAnswer { id, .. }
             | Self::Merge { id, .. }
             | Self::SnapshotHeader { id, .. }
+            | Self::MergeHeader { id, .. }
             | Self::Chunk { id, .. } => *id,
         }
     }
@@ -1113,6 +1156,19 @@ impl RpcResponse {
             Self::Error { id, .. } => 1 + varint_len(id.0) + 1,
             Self::SnapshotHeader { id, header } => 1 + varint_len(id.0) + byte_string_len(header),
             Self::Chunk { id, bytes } => 1 + varint_len(id.0) + byte_string_len(bytes),
+            Self::MergeHeader {
+                id,
+                header,
+                cosine,
+                lineage,
+                listed,
+            } => {
+                1 + varint_len(id.0)
+                    + byte_string_len(header)
+                    + varint_len(zigzag(cosine.0))
+                    + varint_len(*lineage)
+                    + peer_list_len(listed)
+            }
             Self::PushAnswer { id, answer } => {
                 let answer = match answer {
                     PushAnswer::NotHub { hub } => 1 + byte_string_len(hub),
@@ -1158,6 +1214,10 @@ impl RpcResponse {
             Self::Body { body, .. } => check_packet(&[], body),
             Self::Snapshot { header, body, .. } => check_packet(header, body),
             Self::SnapshotHeader { header, .. } => check_packet(header, &[]),
+            Self::MergeHeader { header, listed, .. } => {
+                check_packet(header, &[])?;
+                check_peer_list("listed peer list", listed).map(drop)
+            }
             Self::Chunk { bytes, .. } if bytes.len() > MAX_CHUNK_BYTES => {
                 Err(oversize_enc("chunk", bytes.len(), MAX_CHUNK_BYTES))
             }
@@ -1264,6 +1324,24 @@ impl RpcResponse {
                 let wire = WireResponse::Chunk { id: id.0, bytes };
                 postcard::to_extend(&wire, out).unwrap_or_default()
             }
+            Self::MergeHeader {
+                id,
+                header,
+                cosine,
+                lineage,
+                listed,
+            } => {
+                let wire = WireResponse::MergeHeader {
+                    id: id.0,
+                    header,
+                    cosine: cosine.0,
+                    lineage: *lineage,
+                    // Checked against MAX_KNOWN_PEERS above.
+                    count: listed.len() as u32,
+                };
+                let out = postcard::to_extend(&wire, out).unwrap_or_default();
+                write_byte_strings(out, listed)
+            }
         })
     }
 
@@ -1354,11 +1432,7 @@ impl RpcResponse {
                 count,
             } => {
                 check_received_packet(header, body)?;
-                let cosine =
-                    SketchCosine::from_permyriad(cosine).ok_or(RpcDecodeError::Malformed {
-                        detail: "cosine out of range",
-                    })?;
-                let (listed, tail) = read_peer_list("listed peer list", count, rest)?;
+                let (cosine, listed, tail) = read_merge_answer(cosine, count, rest)?;
                 rest = tail;
                 Self::Merge {
                     id: RequestId(id),
@@ -1383,6 +1457,24 @@ impl RpcResponse {
                 Self::Chunk {
                     id: RequestId(id),
                     bytes: bytes.to_vec(),
+                }
+            }
+            WireResponse::MergeHeader {
+                id,
+                header,
+                cosine,
+                lineage,
+                count,
+            } => {
+                check_received_packet(header, &[])?;
+                let (cosine, listed, tail) = read_merge_answer(cosine, count, rest)?;
+                rest = tail;
+                Self::MergeHeader {
+                    id: RequestId(id),
+                    header: header.to_vec(),
+                    cosine,
+                    lineage,
+                    listed,
                 }
             }
         };

@@ -117,10 +117,11 @@ fn oversize_body() {
     ));
 }
 
-/// A snapshot is the whole model: its header may announce a body past a packet's limit, up to
-/// `MAX_SNAPSHOT_BODY_BYTES`; a packet's or a merge's may not.
+/// A snapshot is the whole model, and a hub's merge of a large one outgrows a message too: their
+/// headers may announce a body past a packet's limit, up to `MAX_PIECED_BODY_BYTES`; a packet's
+/// may not.
 #[test]
-fn only_a_snapshot_header_announces_a_body_past_the_packet_limit() {
+fn only_snapshot_and_merge_headers_announce_a_body_past_the_packet_limit() {
     let keypair = key(1);
     let mut header = sealed().header.into_header();
     let domains = |header: &kindred_proto::PacketHeader| {
@@ -133,23 +134,17 @@ fn only_a_snapshot_header_announces_a_body_past_the_packet_limit() {
             kindred_proto::decode_merge_header(&merge).map(drop),
         )
     };
+    let oversize =
+        |r: Result<(), DecodeError>| matches!(r, Err(DecodeError::Oversize { what: "body", .. }));
     header.body_len = MAX_BODY_BYTES as u32 + 1;
     let (packet, snapshot, merge) = domains(&header);
-    assert!(matches!(
-        packet,
-        Err(DecodeError::Oversize { what: "body", .. })
-    ));
-    assert!(matches!(
-        merge,
-        Err(DecodeError::Oversize { what: "body", .. })
-    ));
+    assert!(oversize(packet));
     assert_eq!(snapshot, Ok(()));
-    header.body_len = kindred_proto::MAX_SNAPSHOT_BODY_BYTES as u32 + 1;
-    let (_, snapshot, _) = domains(&header);
-    assert!(matches!(
-        snapshot,
-        Err(DecodeError::Oversize { what: "body", .. })
-    ));
+    assert_eq!(merge, Ok(()));
+    header.body_len = kindred_proto::MAX_PIECED_BODY_BYTES as u32 + 1;
+    let (_, snapshot, merge) = domains(&header);
+    assert!(oversize(snapshot));
+    assert!(oversize(merge));
 }
 
 #[test]

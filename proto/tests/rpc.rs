@@ -144,6 +144,22 @@ fn arb_response() -> impl Strategy<Value = RpcResponse> {
                 bytes,
             }
         }),
+        (
+            any::<u64>(),
+            arb_header(),
+            -10_000i16..=10_000,
+            any::<u64>(),
+            arb_peers()
+        )
+            .prop_map(
+                |(id, header, cosine, lineage, listed)| RpcResponse::MergeHeader {
+                    id: RequestId(id),
+                    header,
+                    cosine: SketchCosine::from_permyriad(cosine).unwrap_or_default(),
+                    lineage,
+                    listed,
+                }
+            ),
         (any::<u64>(), arb_push_answer()).prop_map(|(id, answer)| RpcResponse::PushAnswer {
             id: RequestId(id),
             answer
@@ -187,7 +203,7 @@ fn answered_kind(response: &RpcResponse) -> Option<RpcKind> {
         }
         RpcResponse::Chunk { .. } => Some(RpcKind::Chunk),
         RpcResponse::PushAnswer { .. } => Some(RpcKind::Push),
-        RpcResponse::Merge { .. } => Some(RpcKind::Merge),
+        RpcResponse::Merge { .. } | RpcResponse::MergeHeader { .. } => Some(RpcKind::Merge),
         RpcResponse::Error { .. } => None,
     }
 }
@@ -319,13 +335,13 @@ fn key_list_limits() {
 
 #[test]
 fn unknown_tags_are_malformed() {
-    // The first tags past the last variants (`GetChunk` and `Chunk`).
+    // The first tags past the last variants (`GetChunk` and `MergeHeader`).
     assert!(matches!(
         RpcRequest::decode(&[8, 0]),
         Err(RpcDecodeError::Malformed { .. })
     ));
     assert!(matches!(
-        RpcResponse::decode(&[8, 0], MAX_RESPONSE_BYTES),
+        RpcResponse::decode(&[9, 0], MAX_RESPONSE_BYTES),
         Err(RpcDecodeError::Malformed { .. })
     ));
     // A push answer with an unknown answer tag.
@@ -690,6 +706,16 @@ fn hub_exchange_encodings_are_pinned() {
                 bytes: vec![1, 2, 3],
             },
             "07 07 03010203",
+        ),
+        (
+            RpcResponse::MergeHeader {
+                id: RequestId(7),
+                header: vec![0xaa],
+                cosine: SketchCosine::from_f32(0.97),
+                lineage: 300,
+                listed: vec![vec![0x10]],
+            },
+            "08 07 01aa c89701 ac02 01 0110",
         ),
         (
             RpcResponse::Error {

@@ -229,13 +229,13 @@ pub struct CoreConfig {
     /// serving anyone who asks would make every node a traffic amplifier. Default 2 min; `None`
     /// serves anyone (tests, trusted swarms).
     pub snapshot_grant: Option<Duration>,
-    /// Largest snapshot body answered in one `Snapshot` response; a larger one is answered with
-    /// its header alone and fetched in pieces. Default (and most)
-    /// [`kindred_proto::MAX_BODY_BYTES`].
-    pub snapshot_inline_bytes: usize,
-    /// Bytes this node asks for in each piece of a peer's large snapshot. Default (and most)
+    /// Largest body answered whole in one response (a snapshot, a hub's merge); a larger one is
+    /// answered with its header alone and fetched in pieces ([`crate::pieces`]). Default (and
+    /// most) [`kindred_proto::MAX_BODY_BYTES`].
+    pub inline_body_bytes: usize,
+    /// Bytes this node asks for in each piece of a peer's large body. Default (and most)
     /// [`kindred_proto::MAX_CHUNK_BYTES`]: a piece must arrive within one request's timeout.
-    pub snapshot_chunk_bytes: usize,
+    pub chunk_bytes: usize,
 }
 
 impl CoreConfig {
@@ -253,8 +253,8 @@ impl CoreConfig {
             index_capacity: 16_384,
             hot_band_capacity: 4096,
             snapshot_grant: Some(Duration::from_secs(120)),
-            snapshot_inline_bytes: kindred_proto::MAX_BODY_BYTES,
-            snapshot_chunk_bytes: kindred_proto::MAX_CHUNK_BYTES,
+            inline_body_bytes: kindred_proto::MAX_BODY_BYTES,
+            chunk_bytes: kindred_proto::MAX_CHUNK_BYTES,
         }
     }
 }

@@ -303,6 +303,8 @@ pub struct RoutingCore {
     pub(crate) pending: HashMap<RequestId, Pending>,
     pub(crate) snapshot_fetches: HashMap<RequestId, SnapshotFetch>,
     pub(crate) snapshot_grants: SnapshotGrants,
+    /// Large bodies served in pieces besides the snapshot (a hub's merges).
+    pub(crate) served_bodies: crate::pieces::ServedBodies,
     pub(crate) exchange_calls: HashMap<RequestId, crate::exchange_rpc::PendingCall>,
     pub(crate) outputs: VecDeque<Output>,
     pub(crate) metrics: RoutingMetrics,
@@ -329,6 +331,7 @@ impl RoutingCore {
             pending: HashMap::new(),
             snapshot_fetches: HashMap::new(),
             snapshot_grants: SnapshotGrants::default(),
+            served_bodies: crate::pieces::ServedBodies::default(),
             exchange_calls: HashMap::new(),
             outputs: VecDeque::new(),
             metrics: RoutingMetrics::default(),

@@ -1103,6 +1103,7 @@ impl Driver {
         let Some(response) = response else {
             return;
         };
+        let response = self.core.offer_large_merge(peer, response, Instant::now());
         self.core.exchange_response_sent(&peer, kind, &response);
         if self
             .swarm

@@ -9,15 +9,19 @@
 //!   asked, of the local model, of the round asked: [`kindred_proto::seal_merge`]), by
 //!   [`ExchangeReply::NotReady`], or by the hub's later answer to the push
 //!   ([`ExchangeReply::Answer`]: a push is answered at once, accepted or not, but a hub may
-//!   still refuse the pusher when it closes its admission, and says so here). A reply that breaks the protocol (another kind, a forged or
-//!   foreign merge, a peer list that does not parse) costs the peer score like a bad packet.
+//!   still refuse the pusher when it closes its admission, and says so here). A reply that
+//!   breaks the protocol (another kind, a forged or foreign merge, a peer list that does not
+//!   parse) costs the peer score like a bad packet. A merge over one response's limit comes as
+//!   its header, then its body in pieces ([`crate::pieces`]), verified whole.
 //! - **Inbound** ([`RoutingCore::exchange_request`]): a push or a merge fetch from a peer that
 //!   is not banned goes to the node ([`InboundExchange`], through
 //!   [`crate::RoutingHandle::serve_exchange`]), which answers through its
 //!   [`ExchangeResponder`] when its exchange core decides: a push at once, a merge fetch when
 //!   the merge is ready or the node gives up. The node verifies a pushed packet against its
 //!   model and reports one that fails ([`crate::RoutingHandle::report_invalid`]). A node that
-//!   does not serve the exchange refuses both.
+//!   does not serve the exchange refuses both. A merge the node serves over one response's
+//!   limit leaves as its header ([`RoutingCore::offer_large_merge`]), its body served in pieces
+//!   to the member it answered.
 //!
 //! Sans-IO like the rest of the core: an outbound call is an [`Output::SendRequest`] and ends
 //! in one [`Output::ExchangeDone`].
@@ -33,6 +37,7 @@ use libp2p::PeerId;
 use tokio::sync::oneshot;
 
 use crate::core::{Output, RequestFailure, RoutingCore};
+use crate::pieces::Download;
 use crate::scoring::Severity;
 use crate::serve::BAD_REQUEST;
 
@@ -230,12 +235,31 @@ impl ExchangeResponder {
 }
 
 /// An outbound exchange call waiting for its response.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct PendingCall {
     pub(crate) call: ExchangeCallId,
     pub(crate) peer: PeerId,
     /// For a merge fetch: the round and the spec to verify against.
     pub(crate) merge: Option<(u64, Arc<ModelSpec>)>,
+    /// A large merge's body as it arrives ([`crate::pieces`]), with what came with its header.
+    pub(crate) pieces: Option<MergePieces>,
+}
+
+/// A large merge being fetched in pieces: the download and what its header's answer said.
+#[derive(Debug)]
+pub(crate) struct MergePieces {
+    download: Download,
+    cosine: SketchCosine,
+    lineage: u64,
+    listed: Vec<PeerId>,
+}
+
+/// What one response did to a call.
+enum Step {
+    /// The call ends.
+    Done(Result<ExchangeReply, ExchangeError>),
+    /// Ask for the next piece of a large merge (or the same one again).
+    Next,
 }
 
 /// What [`RoutingCore::exchange_request`] made of an inbound request.
@@ -304,6 +328,7 @@ impl RoutingCore {
                 call: id,
                 peer,
                 merge,
+                pieces: None,
             },
         );
         self.outputs
@@ -311,50 +336,153 @@ impl RoutingCore {
         id
     }
 
-    /// The response to an [`RoutingCore::exchange_call`] request (called from
+    /// A response to one of an [`RoutingCore::exchange_call`]'s requests (called from
     /// `handle_response`, which has checked that `peer` is the one asked).
     pub(crate) fn on_exchange_response(
         &mut self,
         peer: PeerId,
         id: RequestId,
-        pending: PendingCall,
+        mut pending: PendingCall,
         result: Result<RpcResponse, RequestFailure>,
         now: Instant,
     ) {
-        let result = self.check_exchange(peer, id, &pending, result, now);
-        if result.is_ok() {
-            self.scores.reward(&peer, now);
+        match self.check_exchange(peer, id, &mut pending, result, now) {
+            Step::Next => {
+                let Some(p) = &pending.pieces else {
+                    return;
+                };
+                let request = p
+                    .download
+                    .request(RequestId(self.next_id()), self.config.chunk_bytes);
+                self.metrics
+                    .request_sent(&peer, RpcKind::Chunk, request.encoded_len());
+                self.exchange_calls.insert(request.id(), pending);
+                self.outputs
+                    .push_back(Output::SendRequest { peer, request });
+            }
+            Step::Done(result) => {
+                if result.is_ok() {
+                    self.scores.reward(&peer, now);
+                }
+                self.outputs.push_back(Output::ExchangeDone {
+                    call: pending.call,
+                    result,
+                });
+            }
         }
-        self.outputs.push_back(Output::ExchangeDone {
-            call: pending.call,
-            result,
-        });
     }
 
     fn check_exchange(
         &mut self,
         peer: PeerId,
         id: RequestId,
-        pending: &PendingCall,
+        pending: &mut PendingCall,
         result: Result<RpcResponse, RequestFailure>,
         now: Instant,
-    ) -> Result<ExchangeReply, ExchangeError> {
-        let kind = if pending.merge.is_some() {
-            RpcKind::Merge
-        } else {
-            RpcKind::Push
+    ) -> Step {
+        let kind = match (&pending.pieces, &pending.merge) {
+            (Some(_), _) => RpcKind::Chunk,
+            (None, Some(_)) => RpcKind::Merge,
+            (None, None) => RpcKind::Push,
         };
         let response = match result {
             Ok(response) => response,
             Err(RequestFailure::Protocol(reason)) => {
                 self.metrics.request_failed(kind, reason);
                 self.reject(&peer, reason, Some(Severity::Major), now);
-                return Err(ExchangeError::Invalid(reason));
+                return Step::Done(Err(ExchangeError::Invalid(reason)));
             }
             Err(failure) => {
                 self.count_failure(kind, &failure);
-                return Err(ExchangeError::Failed(failure.label()));
+                // A piece that did not come is asked for again, from where the body stopped.
+                if let Some(p) = pending.pieces.as_mut()
+                    && p.download.retry()
+                {
+                    let (at, of) = p.download.progress();
+                    tracing::debug!(%peer, at, of, failure = failure.label(),
+                        "merge piece asked for again");
+                    return Step::Next;
+                }
+                return Step::Done(Err(ExchangeError::Failed(failure.label())));
             }
+        };
+        if pending.pieces.is_some() {
+            return self.merge_piece(peer, id, pending, response, now);
+        }
+        match self.exchange_answer(peer, id, pending, response, now) {
+            Ok(Some(reply)) => Step::Done(Ok(reply)),
+            Ok(None) => Step::Next,
+            Err(e) => Step::Done(Err(e)),
+        }
+    }
+
+    /// A piece of a large merge came (or an answer instead).
+    fn merge_piece(
+        &mut self,
+        peer: PeerId,
+        id: RequestId,
+        pending: &mut PendingCall,
+        response: RpcResponse,
+        now: Instant,
+    ) -> Step {
+        self.metrics
+            .response_received(&peer, RpcKind::Chunk, response.encoded_len());
+        let invalid = |core: &mut Self, reason: &'static str| {
+            core.reject(&peer, reason, Some(Severity::Major), now);
+            Step::Done(Err(ExchangeError::Invalid(reason)))
+        };
+        if response.id() != id {
+            return invalid(self, "id_mismatch");
+        }
+        let bytes = match response {
+            RpcResponse::Chunk { bytes, .. } => bytes,
+            RpcResponse::Error { code, .. } => {
+                // Refused, or the merge is no longer served (its time is up).
+                let (label, error) = match code {
+                    RpcErrorCode::Refused => ("refused", ExchangeError::Refused),
+                    _ => ("merge_gone", ExchangeError::Failed("merge_gone")),
+                };
+                self.metrics.request_failed(RpcKind::Chunk, label);
+                return Step::Done(Err(error));
+            }
+            _ => return invalid(self, "unexpected_response"),
+        };
+        let Some(p) = pending.pieces.as_mut() else {
+            return Step::Done(Err(ExchangeError::Failed("no_download")));
+        };
+        match p.download.piece(&bytes, self.config.chunk_bytes) {
+            Err(reason) => invalid(self, reason),
+            Ok(false) => Step::Next,
+            Ok(true) => {
+                let (Some(p), Some((round, spec))) = (pending.pieces.take(), &pending.merge) else {
+                    return Step::Done(Err(ExchangeError::Failed("no_download")));
+                };
+                let (header, body) = p.download.into_parts();
+                Step::Done(self.verified_merge(
+                    peer,
+                    (*round, spec.clone()),
+                    header,
+                    body,
+                    (p.cosine, p.lineage, p.listed),
+                    now,
+                ))
+            }
+        }
+    }
+
+    /// The first answer to a push or a merge fetch; `None` when a large merge's pieces follow.
+    fn exchange_answer(
+        &mut self,
+        peer: PeerId,
+        id: RequestId,
+        pending: &mut PendingCall,
+        response: RpcResponse,
+        now: Instant,
+    ) -> Result<Option<ExchangeReply>, ExchangeError> {
+        let kind = if pending.merge.is_some() {
+            RpcKind::Merge
+        } else {
+            RpcKind::Push
         };
         self.metrics
             .response_received(&peer, kind, response.encoded_len());
@@ -371,13 +499,13 @@ impl RoutingCore {
                     self.metrics.request_failed(kind, "refused");
                     Err(ExchangeError::Refused)
                 }
-                _ if merge.is_some() => Ok(ExchangeReply::NotReady),
+                _ if merge.is_some() => Ok(Some(ExchangeReply::NotReady)),
                 _ => Err(invalid(self, "unexpected_response", Severity::Major)),
             },
             // A push's answer, or, to a merge fetch, the hub's later answer to the push (it
             // refused the pusher at its admission, or its data refused the merge).
             (RpcResponse::PushAnswer { answer, .. }, _) => {
-                Ok(ExchangeReply::Answer(match answer {
+                Ok(Some(ExchangeReply::Answer(match answer {
                     PushAnswer::Accepted => HubAnswer::Accepted,
                     PushAnswer::NotHub { hub } => match PeerId::from_bytes(&hub) {
                         Ok(hub) => HubAnswer::NotHub(hub),
@@ -386,7 +514,7 @@ impl RoutingCore {
                     PushAnswer::Busy => HubAnswer::Busy,
                     PushAnswer::Late => HubAnswer::Late,
                     PushAnswer::Refused { foreign } => HubAnswer::Refused { foreign },
-                }))
+                })))
             }
             (
                 RpcResponse::Merge {
@@ -399,30 +527,141 @@ impl RoutingCore {
                 },
                 Some((round, spec)),
             ) => {
-                let bytes = header.len() + body.len();
-                let merge = OutcomePacket::decode_merge(&header, &body, spec)
-                    .map_err(|e| invalid(self, e.reason(), crate::lookup::decode_severity(&e)))?;
-                let h = merge.header.header();
-                if h.sender != peer {
-                    // Another hub's merge, validly signed: not this hub's.
-                    return Err(invalid(self, "foreign_sender", Severity::Major));
-                }
-                if h.round != *round {
-                    // A merge of another round: a replay.
-                    return Err(invalid(self, "replayed_merge", Severity::Major));
-                }
                 let Some(listed) = parse_peers(&listed) else {
                     return Err(invalid(self, "bad_peer_id", Severity::Major));
                 };
-                Ok(ExchangeReply::Merge {
-                    merge: Box::new(merge),
-                    bytes,
-                    cosine: cosine.to_f32(),
+                let merge = (*round, spec.clone());
+                self.verified_merge(peer, merge, header, body, (cosine, lineage, listed), now)
+                    .map(Some)
+            }
+            // A merge too large for one response: its header, then its body in pieces.
+            (
+                RpcResponse::MergeHeader {
+                    header,
+                    cosine,
                     lineage,
                     listed,
-                })
+                    ..
+                },
+                Some((round, spec)),
+            ) => {
+                let Some(listed) = parse_peers(&listed) else {
+                    return Err(invalid(self, "bad_peer_id", Severity::Major));
+                };
+                let verified = kindred_proto::decode_merge_header(&header)
+                    .map_err(|e| invalid(self, e.reason(), crate::lookup::decode_severity(&e)))?;
+                let h = verified.header();
+                if h.sender != peer {
+                    return Err(invalid(self, "foreign_sender", Severity::Major));
+                }
+                if h.round != *round {
+                    return Err(invalid(self, "replayed_merge", Severity::Major));
+                }
+                if h.model != spec.id() {
+                    return Err(invalid(self, "model_mismatch", Severity::Major));
+                }
+                let (body_hash, body_len) = (h.body_hash, h.body_len as usize);
+                if body_len == 0 {
+                    let merge = (*round, spec.clone());
+                    let answer = (cosine, lineage, listed);
+                    return self
+                        .verified_merge(peer, merge, header, Vec::new(), answer, now)
+                        .map(Some);
+                }
+                pending.pieces = Some(MergePieces {
+                    download: Download::new(header, body_hash, body_len),
+                    cosine,
+                    lineage,
+                    listed,
+                });
+                Ok(None)
             }
             _ => Err(invalid(self, "unexpected_response", Severity::Major)),
+        }
+    }
+
+    /// A whole merge from `peer`: verified against the round and spec asked for, with what its
+    /// answer said (`cosine`, `lineage`, `listed`).
+    fn verified_merge(
+        &mut self,
+        peer: PeerId,
+        (round, spec): (u64, Arc<ModelSpec>),
+        header: Vec<u8>,
+        body: Vec<u8>,
+        (cosine, lineage, listed): (SketchCosine, u64, Vec<PeerId>),
+        now: Instant,
+    ) -> Result<ExchangeReply, ExchangeError> {
+        let invalid = |core: &mut Self, reason: &'static str, severity: Severity| {
+            core.reject(&peer, reason, Some(severity), now);
+            ExchangeError::Invalid(reason)
+        };
+        let bytes = header.len() + body.len();
+        let merge = OutcomePacket::decode_merge(&header, &body, &spec)
+            .map_err(|e| invalid(self, e.reason(), crate::lookup::decode_severity(&e)))?;
+        let h = merge.header.header();
+        if h.sender != peer {
+            // Another hub's merge, validly signed: not this hub's.
+            return Err(invalid(self, "foreign_sender", Severity::Major));
+        }
+        if h.round != round {
+            // A merge of another round: a replay.
+            return Err(invalid(self, "replayed_merge", Severity::Major));
+        }
+        Ok(ExchangeReply::Merge {
+            merge: Box::new(merge),
+            bytes,
+            cosine: cosine.to_f32(),
+            lineage,
+            listed,
+        })
+    }
+
+    /// A response about to go to `peer`: a merge whose body is over
+    /// [`crate::CoreConfig::inline_body_bytes`] leaves as its header
+    /// ([`RpcResponse::MergeHeader`]), its body served to `peer` in pieces from now on
+    /// ([`crate::pieces`]); any other response goes as it is.
+    pub fn offer_large_merge(
+        &mut self,
+        peer: PeerId,
+        response: RpcResponse,
+        now: Instant,
+    ) -> RpcResponse {
+        let inline = self
+            .config
+            .inline_body_bytes
+            .min(kindred_proto::MAX_BODY_BYTES);
+        match response {
+            RpcResponse::Merge {
+                id,
+                header,
+                body,
+                cosine,
+                lineage,
+                listed,
+            } if body.len() > inline => {
+                // The node sealed it: its header names the body's hash.
+                match kindred_proto::decode_merge_header(&header) {
+                    Ok(h) => {
+                        let hash = h.header().body_hash;
+                        self.served_bodies.offer(peer, hash, body, now);
+                        RpcResponse::MergeHeader {
+                            id,
+                            header,
+                            cosine,
+                            lineage,
+                            listed,
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(%peer, error = %e, "own merge header does not decode");
+                        RpcResponse::Error {
+                            id,
+                            code: RpcErrorCode::NotFound,
+                        }
+                    }
+                }
+            }
+            other => other,
         }
     }
 

@@ -59,6 +59,7 @@ pub mod index;
 pub mod keys;
 pub mod lookup;
 pub mod metrics;
+pub mod pieces;
 pub mod reachability;
 pub mod replay;
 pub mod scoring;

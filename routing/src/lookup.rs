@@ -635,6 +635,7 @@ impl RoutingCore {
             RpcResponse::Body { .. }
             | RpcResponse::Snapshot { .. }
             | RpcResponse::SnapshotHeader { .. }
+            | RpcResponse::MergeHeader { .. }
             | RpcResponse::Chunk { .. }
             | RpcResponse::PushAnswer { .. }
             | RpcResponse::Merge { .. } => {
@@ -773,6 +774,7 @@ impl RoutingCore {
             RpcResponse::Headers { .. }
             | RpcResponse::Snapshot { .. }
             | RpcResponse::SnapshotHeader { .. }
+            | RpcResponse::MergeHeader { .. }
             | RpcResponse::Chunk { .. }
             | RpcResponse::PushAnswer { .. }
             | RpcResponse::Merge { .. } => {

@@ -71,6 +71,8 @@ pub struct RoutingMetrics {
     pub push: KindTraffic,
     /// `GetMerge` / `Merge` traffic (the hub exchange).
     pub merge: KindTraffic,
+    /// `GetChunk` / `Chunk` traffic: pieces of large snapshots and merges ([`crate::pieces`]).
+    pub chunk: KindTraffic,
     /// Traffic per peer (bounded, see [`MAX_PEERS_TRACKED`]).
     pub peers: HashMap<PeerId, PeerTraffic>,
     /// Traffic of peers past the per-peer bound.
@@ -133,8 +135,8 @@ impl RoutingMetrics {
         match kind {
             RpcKind::Headers => &mut self.headers,
             RpcKind::Body => &mut self.body,
-            // A large snapshot's pieces are snapshot traffic.
-            RpcKind::Snapshot | RpcKind::Chunk => &mut self.snapshot,
+            RpcKind::Snapshot => &mut self.snapshot,
+            RpcKind::Chunk => &mut self.chunk,
             RpcKind::Push => &mut self.push,
             RpcKind::Merge => &mut self.merge,
         }

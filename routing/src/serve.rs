@@ -11,7 +11,8 @@
 //!   to a peer that was served one of this node's bodies lately (one snapshot per body: see
 //!   [`crate::snapshot`]); anyone else is refused. A snapshot too large for one response is
 //!   answered with its header, and `GetChunk` then serves pieces of that body (by its
-//!   hash) to the peer that asked, while its grant lasts;
+//!   hash) to the peer that asked, while its grant lasts; so are a hub's large merges
+//!   ([`crate::pieces`]);
 //! - the hub exchange's `Push` and `GetMerge` never reach the store: the driver hands them to
 //!   the node that serves the exchange ([`crate::exchange_rpc`]), or refuses them.
 //!
@@ -26,10 +27,11 @@ use std::time::Instant;
 use kindred_proto::rpc::{
     HeaderQuery, MAX_HEADERS_PER_RESPONSE, RpcErrorCode, RpcRequest, RpcResponse,
 };
-use kindred_proto::{MAX_BODY_BYTES, MAX_HEADER_BYTES, MAX_SNAPSHOT_BODY_BYTES};
+use kindred_proto::{MAX_BODY_BYTES, MAX_HEADER_BYTES, MAX_PIECED_BODY_BYTES};
 use libp2p::PeerId;
 
 use crate::core::RoutingCore;
+use crate::pieces::slice;
 use crate::scoring::Severity;
 use crate::store::PacketStore;
 
@@ -112,8 +114,7 @@ impl RoutingCore {
                         not_found
                     }
                     Some(s)
-                        if s.body.len()
-                            <= self.config.snapshot_inline_bytes.min(MAX_BODY_BYTES) =>
+                        if s.body.len() <= self.config.inline_body_bytes.min(MAX_BODY_BYTES) =>
                     {
                         RpcResponse::Snapshot {
                             id,
@@ -122,7 +123,7 @@ impl RoutingCore {
                         }
                     }
                     // Too large for one response: the header, and the body in pieces.
-                    Some(s) if s.body.len() <= MAX_SNAPSHOT_BODY_BYTES => {
+                    Some(s) if s.body.len() <= MAX_PIECED_BODY_BYTES => {
                         self.open_snapshot_chunks(peer, s.body_hash, now);
                         RpcResponse::SnapshotHeader {
                             id,
@@ -141,25 +142,24 @@ impl RoutingCore {
                     len,
                     ..
                 } => {
-                    if !self.may_fetch_snapshot_chunk(&peer, body_hash, now) {
-                        RpcResponse::Error {
-                            id,
-                            code: RpcErrorCode::Refused,
+                    let code = |code| RpcResponse::Error { id, code };
+                    match self
+                        .served_bodies
+                        .piece(&peer, body_hash, *offset, *len, now)
+                    {
+                        // A hub's large merge.
+                        Some(Ok(bytes)) => RpcResponse::Chunk { id, bytes },
+                        Some(Err(c)) => code(c),
+                        None if !self.may_fetch_snapshot_chunk(&peer, body_hash, now) => {
+                            code(RpcErrorCode::Refused)
                         }
-                    } else {
                         // Only the snapshot served now: one replaced since is not found, and
                         // the fetch starts again from its header.
-                        let piece = store.snapshot().and_then(|s| {
-                            let start = usize::try_from(*offset).ok()?;
-                            let end = start.saturating_add(*len as usize).min(s.body.len());
-                            (s.body_hash == *body_hash && start < end)
-                                .then(|| s.body.get(start..end).map(<[u8]>::to_vec))
-                                .flatten()
-                        });
-                        match piece {
-                            Some(bytes) => RpcResponse::Chunk { id, bytes },
-                            None => not_found,
-                        }
+                        None => store
+                            .snapshot()
+                            .filter(|s| s.body_hash == *body_hash)
+                            .and_then(|s| slice(&s.body, *offset, *len))
+                            .map_or(not_found, |bytes| RpcResponse::Chunk { id, bytes }),
                     }
                 }
                 // Answered by the node through `exchange_rpc`; refused if one gets here.

@@ -17,10 +17,11 @@
 //! A snapshot is the whole model, and past one response's limit (64 MiB: an int8 snapshot of
 //! about 6.7 × 10^7 parameters) it travels in pieces. The answer to `GetSnapshot` is then the
 //! signed header alone; the fetcher checks it (signer, model, round) and asks for the body a
-//! piece at a time by its hash (`GetChunk`, [`crate::CoreConfig::snapshot_chunk_bytes`]
-//! each), every piece exactly as long as asked. A piece that does not come (a timeout, a dropped
-//! connection) is asked for again from where the body stopped, up to [`CHUNK_RETRIES`] times in
-//! a row, so a fetch resumes instead of starting over; the request re-dials the peer. The whole
+//! piece at a time by its hash (`GetChunk`, [`crate::CoreConfig::chunk_bytes`] each:
+//! [`crate::pieces`]), every piece exactly as long as asked. A piece that does not come (a
+//! timeout, a dropped connection) is asked for again from where the body stopped, up to
+//! [`CHUNK_RETRIES`] times in a row, so a fetch resumes instead of starting over; the request
+//! re-dials the peer. The whole
 //! body is checked against the header's length and blake3 hash before it is decoded, so a
 //! tampered piece fails the fetch (and penalises the peer) before anything uses the model. The
 //! pieces are not checked one by one: a peer that lies wastes one fetch of the fetcher's
@@ -35,7 +36,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kindred_proto::rpc::{RequestId, RpcErrorCode, RpcKind, RpcRequest, RpcResponse};
-use kindred_proto::{MAX_CHUNK_BYTES, ModelSpec, OutcomePacket, decode_snapshot_header};
+use kindred_proto::{ModelSpec, OutcomePacket, decode_snapshot_header};
 use libp2p::PeerId;
 
 use crate::core::{Output, RequestFailure, RoutingCore};
@@ -78,8 +79,8 @@ pub enum SnapshotError {
     Stopped,
 }
 
-/// Pieces of a large snapshot asked for again in a row, at most, before its fetch fails.
-pub const CHUNK_RETRIES: u32 = 3;
+pub use crate::pieces::CHUNK_RETRIES;
+use crate::pieces::Download;
 
 /// A snapshot fetch waiting for its response.
 #[derive(Debug)]
@@ -90,19 +91,6 @@ pub(crate) struct SnapshotFetch {
     pub(crate) oldest_round: u64,
     /// A large snapshot's body as it arrives, once its header came.
     pub(crate) download: Option<Download>,
-}
-
-/// A large snapshot's body being fetched in pieces.
-#[derive(Debug)]
-pub(crate) struct Download {
-    /// The signed header (checked when it came, and again with the whole body).
-    header: Vec<u8>,
-    body_hash: [u8; 32],
-    body_len: usize,
-    /// The body so far: every piece asked for in order, exactly as long as asked.
-    body: Vec<u8>,
-    /// Failed requests in a row left before the fetch fails.
-    retries_left: u32,
 }
 
 /// What one response did to a fetch.
@@ -272,29 +260,16 @@ impl RoutingCore {
         }
     }
 
-    /// Ask for the next piece of `pending`'s body: from where it stopped, as long as this node
-    /// asks for or what is left.
+    /// Ask for the next piece of `pending`'s body, from where it stopped.
     fn ask_piece(&mut self, pending: SnapshotFetch) {
         let Some(d) = &pending.download else {
             return;
         };
-        let len = self
-            .config
-            .snapshot_chunk_bytes
-            .clamp(1, MAX_CHUNK_BYTES)
-            .min(d.body_len.saturating_sub(d.body.len()));
-        let id = RequestId(self.next_id());
-        let request = RpcRequest::GetChunk {
-            id,
-            body_hash: d.body_hash,
-            offset: d.body.len() as u64,
-            // At most MAX_CHUNK_BYTES, so it fits.
-            len: len as u32,
-        };
+        let request = d.request(RequestId(self.next_id()), self.config.chunk_bytes);
         let peer = pending.peer;
         self.metrics
             .request_sent(&peer, RpcKind::Chunk, request.encoded_len());
-        self.snapshot_fetches.insert(id, pending);
+        self.snapshot_fetches.insert(request.id(), pending);
         self.outputs
             .push_back(Output::SendRequest { peer, request });
     }
@@ -323,11 +298,11 @@ impl RoutingCore {
                 self.count_failure(kind, &failure);
                 // A piece that did not come is asked for again, from where the body stopped.
                 if let Some(d) = pending.download.as_mut()
-                    && d.retries_left > 0
+                    && d.retry()
                 {
-                    d.retries_left -= 1;
-                    tracing::debug!(%peer, at = d.body.len(), of = d.body_len,
-                        failure = failure.label(), "snapshot piece asked for again");
+                    let (at, of) = d.progress();
+                    tracing::debug!(%peer, at, of, failure = failure.label(),
+                        "snapshot piece asked for again");
                     return Step::Next;
                 }
                 return Step::Done(Err(SnapshotError::Failed(failure.label())));
@@ -384,35 +359,21 @@ impl RoutingCore {
                 if body_len == 0 {
                     return Step::Done(self.check_snapshot(peer, pending, &header, &[], now));
                 }
-                // Bounded by the header's domain (MAX_SNAPSHOT_BODY_BYTES), and signed by the
-                // peer asked: reserved once, filled as the pieces come.
-                pending.download = Some(Download {
-                    body_hash: h.body_hash,
-                    body_len,
-                    body: Vec::with_capacity(body_len),
-                    header,
-                    retries_left: CHUNK_RETRIES,
-                });
+                pending.download = Some(Download::new(header, h.body_hash, body_len));
                 Step::Next
             }
             (RpcResponse::Chunk { bytes, .. }, Some(d)) => {
-                let asked = self
-                    .config
-                    .snapshot_chunk_bytes
-                    .clamp(1, MAX_CHUNK_BYTES)
-                    .min(d.body_len - d.body.len());
-                if bytes.len() != asked {
-                    return invalid(self, "chunk_length", Severity::Major);
+                match d.piece(&bytes, self.config.chunk_bytes) {
+                    Err(reason) => invalid(self, reason, Severity::Major),
+                    Ok(false) => Step::Next,
+                    Ok(true) => match pending.download.take() {
+                        Some(d) => {
+                            let (header, body) = d.into_parts();
+                            Step::Done(self.check_snapshot(peer, pending, &header, &body, now))
+                        }
+                        None => Step::Done(Err(SnapshotError::Failed("no_download"))),
+                    },
                 }
-                d.body.extend_from_slice(&bytes);
-                d.retries_left = CHUNK_RETRIES;
-                if d.body.len() < d.body_len {
-                    return Step::Next;
-                }
-                let Some(d) = pending.download.take() else {
-                    return Step::Done(Err(SnapshotError::Failed("no_download")));
-                };
-                Step::Done(self.check_snapshot(peer, pending, &d.header, &d.body, now))
             }
             _ => invalid(self, "unexpected_response", Severity::Major),
         }
@@ -743,8 +704,8 @@ mod tests {
             let store = crate::store::MemoryStore::default();
             store.set_snapshot(&sealed);
             let mut cfg = CoreConfig::new(NetworkId::from_name("t"));
-            cfg.snapshot_inline_bytes = 64;
-            cfg.snapshot_chunk_bytes = 100;
+            cfg.inline_body_bytes = 64;
+            cfg.chunk_bytes = 100;
             let mut served = cfg.clone();
             if !granted {
                 served.snapshot_grant = None;
@@ -814,11 +775,11 @@ mod tests {
         expected.splice(2..2, [200, 200]);
         assert_eq!(offsets, expected);
         assert!(t.client.metrics().rejects.is_empty());
-        // Counted as snapshot traffic: every request and every answer.
-        assert_eq!(
-            t.client.metrics().snapshot.requests_sent.messages,
-            1 + offsets.len() as u64
-        );
+        // The header as snapshot traffic, the pieces as chunks (each one asked for counted).
+        let m = t.client.metrics();
+        assert_eq!(m.snapshot.requests_sent.messages, 1);
+        assert_eq!(m.chunk.requests_sent.messages, offsets.len() as u64);
+        assert_eq!(m.chunk.failures, 2);
     }
 
     #[test]

@@ -1227,3 +1227,162 @@ fn a_merge_reply_carries_the_hubs_cosine_and_lineage_and_a_merge_of_another_roun
         Err(ExchangeError::Invalid("replayed_merge"))
     ));
 }
+
+/// A merge over the hub's inline limit leaves as its header and comes in pieces: the member
+/// asks for each piece, a piece that does not come is asked for again from where the body
+/// stopped, and the whole merge is verified as an inline one is. A body changed in one byte
+/// under the honest header is refused once whole; pieces go only to the member answered.
+#[test]
+fn a_large_merge_comes_in_pieces_resumes_and_a_tampered_one_is_refused() {
+    use kindred_proto::rpc::SketchCosine;
+    use kindred_proto::{DenseValues, Embedding, HeaderFields, LayerPayload, PacketBody};
+    use kindred_routing::{ExchangeCall, ExchangeError, ExchangeReply, MemoryStore};
+
+    let now = Instant::now();
+    let (hub_key, member_key) = (identity(51), identity(52));
+    let (hub, member_id) = (peer_of(&hub_key), peer_of(&member_key));
+    let mut cfg = config();
+    cfg.inline_body_bytes = 64;
+    cfg.chunk_bytes = 40;
+    let mut member = RoutingCore::new(member_id, cfg.clone());
+    let mut hub_core = RoutingCore::new(hub, cfg.clone());
+    let store = MemoryStore::default();
+    let body = PacketBody {
+        layers: vec![
+            LayerPayload::Dense(DenseValues::F32((0..32).map(|i| i as f32 / 8.0).collect())),
+            LayerPayload::Dense(DenseValues::F32(vec![-0.25; 4])),
+        ],
+    };
+    let fields = HeaderFields {
+        round: 9,
+        unix_ms: 1_700_000_000_000,
+        samples: 300,
+        loss: 0.4,
+        embedding: Embedding::default(),
+    };
+    let merge = kindred_proto::seal_merge(&hub_key, &spec(), fields, &body).unwrap();
+    assert!(merge.body_bytes.len() > 100, "{}", merge.body_bytes.len());
+    // One fetch; `meddle(n, response)` sees the hub's answer to the member's `n`th piece
+    // request and may change or drop it. Returns the result and the offsets asked for.
+    let fetch = |member: &mut RoutingCore,
+                 hub_core: &mut RoutingCore,
+                 body: &[u8],
+                 meddle: &mut dyn FnMut(usize, RpcResponse) -> Result<_, _>| {
+        let call = member.exchange_call(
+            hub,
+            ExchangeCall::GetMerge {
+                round: 9,
+                spec: Arc::new(spec()),
+            },
+            now,
+        );
+        let mut outputs = drain(member);
+        let first = outputs
+            .iter()
+            .find_map(|o| match o {
+                Output::SendRequest { request, .. } => Some(request.id()),
+                _ => None,
+            })
+            .unwrap();
+        let answer = hub_core.offer_large_merge(
+            member_id,
+            RpcResponse::Merge {
+                id: first,
+                header: merge.header_bytes.clone(),
+                body: body.to_vec(),
+                cosine: SketchCosine::from_f32(0.5),
+                lineage: 77,
+                listed: vec![],
+            },
+            now,
+        );
+        assert!(
+            matches!(answer, RpcResponse::MergeHeader { .. }),
+            "{answer:?}"
+        );
+        member.handle_response(hub, first, Ok(answer), now);
+        let (mut n, mut offsets) = (0, Vec::new());
+        loop {
+            outputs = drain(member);
+            if let Some(result) = outputs.iter().find_map(|o| match o {
+                Output::ExchangeDone { call: c, result } if *c == call => Some(result.clone()),
+                _ => None,
+            }) {
+                return (result, offsets);
+            }
+            let request = outputs
+                .into_iter()
+                .find_map(|o| match o {
+                    Output::SendRequest { request, .. } => Some(request),
+                    _ => None,
+                })
+                .expect("a piece request or the call's end");
+            let RpcRequest::GetChunk { offset, .. } = &request else {
+                panic!("{request:?}");
+            };
+            offsets.push(*offset);
+            let response = hub_core.handle_request(member_id, &request, &store, now);
+            let result = meddle(n, response);
+            n += 1;
+            member.handle_response(hub, request.id(), result, now);
+        }
+    };
+    let len = merge.body_bytes.len() as u64;
+    let (result, offsets) = fetch(
+        &mut member,
+        &mut hub_core,
+        &merge.body_bytes,
+        &mut |n, r| {
+            if n == 1 {
+                Err(kindred_routing::RequestFailure::ConnectionClosed)
+            } else {
+                Ok(r)
+            }
+        },
+    );
+    match result {
+        Ok(ExchangeReply::Merge {
+            merge: m,
+            lineage,
+            bytes,
+            ..
+        }) => {
+            assert_eq!(m.body, body);
+            assert_eq!(lineage, 77);
+            assert_eq!(bytes as u64, merge.header_bytes.len() as u64 + len);
+        }
+        other => panic!("{other:?}"),
+    }
+    let mut expected: Vec<u64> = (0..len.div_ceil(40)).map(|i| i * 40).collect();
+    expected.insert(1, 40);
+    assert_eq!(offsets, expected);
+    assert!(member.metrics().rejects.is_empty());
+
+    // One byte changed (a hub serving another body under its header): refused when whole, and
+    // the hub penalised.
+    let mut tampered = merge.body_bytes.clone();
+    tampered[50] ^= 1;
+    let mut liar = RoutingCore::new(hub, cfg);
+    let (result, _) = fetch(&mut member, &mut liar, &tampered, &mut |_, r| Ok(r));
+    assert_eq!(
+        result.err(),
+        Some(ExchangeError::Invalid("body_hash_mismatch"))
+    );
+    assert_eq!(member.metrics().rejects.get("body_hash_mismatch"), Some(&1));
+
+    // Another peer is not served the pieces.
+    let stranger = peer_of(&identity(53));
+    let piece = RpcRequest::GetChunk {
+        id: RequestId(1),
+        body_hash: merge.header.header().body_hash,
+        offset: 0,
+        len: 40,
+    };
+    assert!(matches!(
+        hub_core.handle_request(stranger, &piece, &store, now),
+        RpcResponse::Error {
+            code: RpcErrorCode::Refused,
+            ..
+        }
+    ));
+}

@@ -1,7 +1,8 @@
 //! Model snapshots over real libp2p connections (loopback TCP): a node serves the snapshot its
 //! store holds, a peer fetches and verifies it, a node without one answers `NotFound`, and by
-//! default a node refuses its snapshot to a peer it has not served a body to. A snapshot over
-//! one response's limit comes in pieces and resumes after its connection is dropped.
+//! default a node refuses its snapshot to a peer it has not served a body to. A snapshot or a
+//! hub's merge over one response's limit comes in pieces and resumes after its connection is
+//! dropped.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
@@ -137,8 +138,8 @@ async fn a_large_snapshot_resumes_after_its_connection_drops() {
     let (key_a, key_b) = (ed25519::Keypair::generate(), ed25519::Keypair::generate());
     let store_b = Arc::new(MemoryStore::default());
     let pieces = |c: &mut RoutingConfig| {
-        c.core.snapshot_inline_bytes = 64 << 10;
-        c.core.snapshot_chunk_bytes = 8 << 10;
+        c.core.inline_body_bytes = 64 << 10;
+        c.core.chunk_bytes = 8 << 10;
     };
     let a = node_with(&key_a, Arc::new(MemoryStore::default()), true, pieces).await;
     let b = node_with(&key_b, store_b.clone(), true, pieces).await;
@@ -159,15 +160,7 @@ async fn a_large_snapshot_resumes_after_its_connection_drops() {
         async move { a.fetch_snapshot(peer, spec, 0).await }
     });
     let flowing = async {
-        while a
-            .metrics()
-            .await
-            .unwrap()
-            .snapshot
-            .responses_received
-            .messages
-            < 8
-        {
+        while a.metrics().await.unwrap().chunk.responses_received.messages < 8 {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
     };
@@ -184,17 +177,99 @@ async fn a_large_snapshot_resumes_after_its_connection_drops() {
     let (ma, mb) = (a.metrics().await.unwrap(), b.metrics().await.unwrap());
     // The body is 2 MB: at least 256 pieces came, and one request at least failed with the
     // connection (asked for again, not held against `b`).
-    assert!(
-        ma.snapshot.responses_received.messages > 256,
-        "{:?}",
-        ma.snapshot
-    );
-    assert!(ma.snapshot.failures >= 1, "{:?}", ma.snapshot);
-    assert!(mb.snapshot.responses_sent.bytes > 2 * len as u64);
+    assert!(ma.chunk.responses_received.messages > 256, "{:?}", ma.chunk);
+    assert!(ma.chunk.failures >= 1, "{:?}", ma.chunk);
+    assert!(mb.chunk.responses_sent.bytes > 2 * len as u64);
     assert!(ma.rejects.is_empty());
     assert!(a.info().await.unwrap().banned.is_empty());
     a.shutdown().await;
     b.shutdown().await;
+}
+
+/// A hub's 2 MB merge over a 64 KiB inline limit: the member's fetch gets its header, then its
+/// pieces (8 KiB each) from the hub's routing task, and resumes after its connection drops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_merge_comes_in_pieces_and_resumes_after_its_connection_drops() {
+    use kindred_routing::{ExchangeCall, ExchangeReply, InboundCall, ServedWith};
+    let len = 1usize << 20;
+    let spec =
+        Arc::new(ModelSpec::new(vec![LayerSpec::new("w", [len as u32], DType::F32)]).unwrap());
+    let body = PacketBody {
+        layers: vec![LayerPayload::Dense(DenseValues::F16(
+            (0..len)
+                .map(|i| half::f16::from_f32((i % 83) as f32 / 83.0))
+                .collect(),
+        ))],
+    };
+    let (key_a, key_b) = (ed25519::Keypair::generate(), ed25519::Keypair::generate());
+    let pieces = |c: &mut RoutingConfig| {
+        c.core.inline_body_bytes = 64 << 10;
+        c.core.chunk_bytes = 8 << 10;
+    };
+    let a = node_with(&key_a, Arc::new(MemoryStore::default()), true, pieces).await;
+    let b = node_with(&key_b, Arc::new(MemoryStore::default()), true, pieces).await;
+    let fields = HeaderFields {
+        round: 5,
+        unix_ms: 0,
+        samples: 10,
+        loss: 0.0,
+        embedding: Embedding::default(),
+    };
+    let merge = kindred_proto::seal_merge(&key_b, &spec, fields, &body).unwrap();
+    // The hub's node: answers every merge fetch with its merge.
+    let mut inbox = b.serve_exchange(8).await.unwrap();
+    let hub = tokio::spawn(async move {
+        while let Some(inbound) = inbox.recv().await {
+            if let InboundCall::GetMerge { round: 5 } = inbound.call {
+                let with = ServedWith {
+                    cosine: 0.8,
+                    lineage: 3,
+                };
+                let (h, b) = (merge.header_bytes.clone(), merge.body_bytes.clone());
+                inbound.reply.merge(h, b, with, &[]);
+            }
+        }
+    });
+    a.add_peer(b.peer_id(), b.listen_addrs()[0].clone()).await;
+    a.dial(b.listen_addrs()[0].clone()).await.unwrap();
+    let fetch = tokio::spawn({
+        let (a, spec, peer) = (a.clone(), spec.clone(), b.peer_id());
+        async move {
+            a.exchange_call(peer, ExchangeCall::GetMerge { round: 5, spec })
+                .await
+        }
+    });
+    let flowing = async {
+        while a.metrics().await.unwrap().chunk.responses_received.messages < 8 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    };
+    tokio::time::timeout(LIMIT, flowing).await.unwrap();
+    assert!(a.disconnect(b.peer_id()).await, "no connection to drop");
+    let reply = tokio::time::timeout(LIMIT, fetch)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let ExchangeReply::Merge {
+        merge: got,
+        lineage,
+        ..
+    } = reply
+    else {
+        panic!("{reply:?}");
+    };
+    assert_eq!(got.header.header().sender, b.peer_id());
+    assert_eq!(got.body, body);
+    assert_eq!(lineage, 3);
+    let (ma, mb) = (a.metrics().await.unwrap(), b.metrics().await.unwrap());
+    assert!(ma.chunk.responses_received.messages > 256, "{:?}", ma.chunk);
+    assert!(ma.chunk.failures >= 1, "{:?}", ma.chunk);
+    assert!(mb.chunk.responses_sent.bytes > 2 * len as u64);
+    assert!(ma.rejects.is_empty());
+    a.shutdown().await;
+    b.shutdown().await;
+    hub.abort();
 }
 
 /// The peak resident memory of this process so far (`VmHWM`), bytes.
@@ -286,7 +361,7 @@ async fn a_billion_parameter_snapshot_resumes_and_a_tampered_one_is_refused() {
     });
     let quarter = (body_len / 4) as u64;
     let flowing = async {
-        while a.metrics().await.unwrap().snapshot.responses_received.bytes < quarter {
+        while a.metrics().await.unwrap().chunk.responses_received.bytes < quarter {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     };
@@ -304,14 +379,14 @@ async fn a_billion_parameter_snapshot_resumes_and_a_tampered_one_is_refused() {
     assert_eq!(got.header.header().sender, b.peer_id());
     assert_eq!(got.body.layers.len(), LAYERS as usize);
     let ma = a.metrics().await.unwrap();
-    assert!(ma.snapshot.failures >= 1, "{:?}", ma.snapshot);
+    assert!(ma.chunk.failures >= 1, "{:?}", ma.chunk);
     eprintln!(
         "fetched {body_len} bytes in {seconds:.1} s ({:.0} MB/s), connection dropped at {:.1} s; \
          {} requests, {} failed; peak RSS of both nodes' process {:.2} GB",
         body_len as f64 / seconds / 1e6,
         dropped_at.as_secs_f64(),
-        ma.snapshot.requests_sent.messages,
-        ma.snapshot.failures,
+        ma.chunk.requests_sent.messages,
+        ma.chunk.failures,
         peak_rss() as f64 / 1e9
     );
     drop(got);

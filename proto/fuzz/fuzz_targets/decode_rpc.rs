@@ -61,7 +61,8 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(response) = RpcResponse::decode(bytes, limit) {
         assert!(bytes.len() <= limit);
         match &response {
-            RpcResponse::Merge { listed, cosine, .. } => {
+            RpcResponse::Merge { listed, cosine, .. }
+            | RpcResponse::MergeHeader { listed, cosine, .. } => {
                 check_peers(listed);
                 assert!((-1.0..=1.0).contains(&cosine.to_f32()));
             }
