@@ -864,3 +864,53 @@ proptest! {
         prop_assert_eq!(&net.violations, &Vec::<String>::new());
     }
 }
+
+#[test]
+fn tmp_flaky_case() {
+    let mut net = Net::new(11, 16669606071406030460, 0.13405731995398257, &[], 0.0).with_fanout(2);
+    net.run(0..FAULTY, &[]);
+    net.loss = 0.0;
+    net.run(FAULTY..FAULTY + SETTLE + 8, &[]);
+    for r in [9u64, 10, 11, 20] {
+        for i in 0..11u32 {
+            let n = net.node(i);
+            if n.task == 0 {
+                let rep = n.reports.get(&r).map(|(_, hub, role, apply)| {
+                    (
+                        hub,
+                        role,
+                        format!("{apply:?}").chars().take(90).collect::<String>(),
+                    )
+                });
+                eprintln!(
+                    "r{r} node {i} rank {} root {:?}: {:?}",
+                    n.rank,
+                    net.root(i, r),
+                    rep
+                );
+            }
+        }
+    }
+}
+
+/// A full sub-hub one level above the deepest sends a pusher up a level instead of naming a
+/// child that cannot take it: found by the property below (11 nodes, fan-out 2, 13% loss), where
+/// the pusher bounced between a full sub-hub and its deepest children every round and never
+/// merged.
+#[test]
+fn a_pusher_below_a_full_sub_hub_finds_a_place_higher_up() {
+    let mut net = Net::new(
+        11,
+        16_669_606_071_406_030_460,
+        0.134_057_319_953_982_57,
+        &[],
+        0.0,
+    )
+    .with_fanout(2);
+    net.run(0..FAULTY, &[]);
+    net.loss = 0.0;
+    net.run(FAULTY..FAULTY + SETTLE, &[]);
+    net.check_rounds();
+    assert_eq!(net.violations, Vec::<String>::new());
+    assert_eq!(net.converged_tree(FAULTY + SETTLE - 1), Ok(()));
+}

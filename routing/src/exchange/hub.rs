@@ -72,7 +72,15 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
                         if !r.pushes.is_empty() {
                             r.sub_close = Some(close);
                         }
-                        answer
+                        match answer {
+                            // Full, with children on the deepest level: none of them can take
+                            // the pusher (each would send it back here), so it goes up a level,
+                            // where a place may be free.
+                            Answer::Full { .. } if depth.saturating_add(1) >= max_depth => {
+                                Answer::NotHub { hub, rank }
+                            }
+                            answer => answer,
+                        }
                     } else if open && r.depth >= max_depth {
                         // Too deep to take children: the pusher enters the tree at the top,
                         // where the least-named members are.
