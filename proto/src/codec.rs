@@ -32,8 +32,8 @@ use crate::identity::{
     IdentityError, PUBLIC_KEY_LEN, SIGNATURE_LEN, peer_id_bytes, strict_key, verify_strict,
 };
 use crate::limits::{
-    FORMAT_VERSION, MAX_ABS_LOSS, MAX_BODY_BYTES, MAX_HEADER_BYTES, MAX_LAYER_ELEMS, MAX_LAYERS,
-    MAX_PEER_ID_BYTES, MAX_PIECED_BODY_BYTES, MAX_SAMPLES, MAX_SKETCH_LEN,
+    FORMAT_VERSION, MAX_ABS_LOSS, MAX_HEADER_BYTES, MAX_LAYER_ELEMS, MAX_LAYERS, MAX_PEER_ID_BYTES,
+    MAX_PIECED_BODY_BYTES, MAX_SAMPLES, MAX_SKETCH_LEN,
 };
 use crate::payload::{CompressionSummary, DenseValues, LayerPayload, PacketBody, SignBits, TopK};
 use crate::spec::{DType, LayerSpec, ModelId, ModelSpec};
@@ -58,16 +58,6 @@ impl Domain {
             Self::Packet => b"kindred/packet-header/v1\0",
             Self::Snapshot => b"kindred/snapshot-header/v1\0",
             Self::Merge => b"kindred/merge-header/v1\0",
-        }
-    }
-
-    /// The longest body a header of this domain may announce: a snapshot or a hub's merge may
-    /// travel in pieces ([`MAX_PIECED_BODY_BYTES`]), a packet goes in one push
-    /// ([`MAX_BODY_BYTES`]).
-    fn max_body(self) -> usize {
-        match self {
-            Self::Snapshot | Self::Merge => MAX_PIECED_BODY_BYTES,
-            Self::Packet => MAX_BODY_BYTES,
         }
     }
 }
@@ -278,9 +268,9 @@ fn seal_in(
     let oversize = || DecodeError::Oversize {
         what: "body",
         len: body_bytes.len() as u64,
-        max: domain.max_body() as u64,
+        max: MAX_PIECED_BODY_BYTES as u64,
     };
-    if body_bytes.len() > domain.max_body() {
+    if body_bytes.len() > MAX_PIECED_BODY_BYTES {
         return Err(oversize().into());
     }
     let body_len = u32::try_from(body_bytes.len()).map_err(|_| oversize())?;
@@ -448,7 +438,7 @@ fn decode_header_in(domain: Domain, bytes: &[u8]) -> Result<VerifiedHeader, Deco
         });
     }
     check_canonical_header(&wire, signed)?;
-    let header = header_from_wire(&wire, domain.max_body())?;
+    let header = header_from_wire(&wire)?;
 
     if seal.public_key.len() != PUBLIC_KEY_LEN {
         return Err(DecodeError::InvalidPublicKey);
@@ -514,7 +504,7 @@ fn check_canonical_header(wire: &WireHeader<'_>, signed: &[u8]) -> Result<(), De
     }
 }
 
-fn header_from_wire(w: &WireHeader<'_>, max_body: usize) -> Result<PacketHeader, DecodeError> {
+fn header_from_wire(w: &WireHeader<'_>) -> Result<PacketHeader, DecodeError> {
     let invalid = |field, reason| DecodeError::InvalidField { field, reason };
     if w.sender.len() > MAX_PEER_ID_BYTES {
         return Err(DecodeError::Oversize {
@@ -543,11 +533,12 @@ fn header_from_wire(w: &WireHeader<'_>, max_body: usize) -> Result<PacketHeader,
     if !(w.sketch_scale.is_finite() && w.sketch_scale >= 0.0) {
         return Err(invalid("sketch_scale", "not a finite non-negative number"));
     }
-    if w.body_len as usize > max_body {
+    // A body past one message's limit (MAX_BODY_BYTES) travels in pieces, up to this.
+    if w.body_len as usize > MAX_PIECED_BODY_BYTES {
         return Err(DecodeError::Oversize {
             what: "body",
             len: u64::from(w.body_len),
-            max: max_body as u64,
+            max: MAX_PIECED_BODY_BYTES as u64,
         });
     }
     let compression = CompressionSummary {
@@ -716,8 +707,6 @@ pub fn decode_body(
     spec: &ModelSpec,
     bytes: &[u8],
 ) -> Result<PacketBody, DecodeError> {
-    // The header, verified under its domain, bounds its body: a snapshot's may be longer than
-    // a packet's.
     if bytes.len() > MAX_PIECED_BODY_BYTES {
         return Err(DecodeError::Oversize {
             what: "body",

@@ -14,22 +14,27 @@ pub const FORMAT_VERSION: u16 = 1;
 /// ([`MAX_PEER_ID_BYTES`]) encodes to well under 2 KiB; the rest is headroom.
 pub const MAX_HEADER_BYTES: usize = 4096;
 
-/// Largest encoded packet body accepted (bytes): 64 MiB.
+/// Largest body carried whole in one message (bytes): 64 MiB, in a `Push` or a `Body`,
+/// `Snapshot` or `Merge` response.
 ///
 /// Outcome packets are meant to be 20-100x smaller than the raw update, so this admits updates of
-/// several hundred million parameters at the default density, and a 16M-parameter layer dense in f32.
+/// several hundred million parameters at the default density, and a 16M-parameter layer dense in
+/// f32. A larger body travels in pieces ([`MAX_PIECED_BODY_BYTES`]).
 pub const MAX_BODY_BYTES: usize = 64 << 20;
 
-/// Largest body moved in pieces (bytes): 2 GiB, a 10^9-parameter model's int8 snapshot with room
-/// to spare.
+/// Largest body any header may announce (bytes): 2 GiB, a 10^9-parameter model's int8 snapshot
+/// with room to spare.
 ///
 /// A snapshot is the whole model, so unlike a packet it grows with the model, not with the
-/// density, and a hub's merge of a model past about 6.5 × 10^8 parameters outgrows one message
-/// too. A snapshot or merge body over [`MAX_BODY_BYTES`] travels in pieces of at most
-/// [`MAX_CHUNK_BYTES`] (`RpcRequest::GetChunk`), each response bounded on its own, and the
+/// density; a packet or a hub's merge of 5% of a model past about 6.5 × 10^8 parameters outgrows
+/// one message too. A body over [`MAX_BODY_BYTES`] travels in pieces of at most
+/// [`MAX_CHUNK_BYTES`] (`RpcRequest::GetChunk`: a hub pulls a large push from its member, a
+/// member a large merge or snapshot from its hub), each response bounded on its own, and the
 /// whole is checked against the signed header's length and blake3 hash before it is decoded.
+/// A packet over [`MAX_BODY_BYTES`] cannot be fetched with `GetBody` (the pairwise exchange
+/// passes over it).
 pub const MAX_PIECED_BODY_BYTES: usize = 2 << 30;
-/// Largest piece of a snapshot body one response carries (bytes): 4 MiB.
+/// Largest piece of a body one response carries (bytes): 4 MiB.
 pub const MAX_CHUNK_BYTES: usize = 4 << 20;
 /// Most layers a model spec, and therefore a packet body, may have.
 pub const MAX_LAYERS: usize = 4096;

@@ -200,6 +200,15 @@ pub enum Output {
         /// What came back.
         result: Result<crate::exchange_rpc::ExchangeReply, crate::exchange_rpc::ExchangeError>,
     },
+    /// A push's body pulled in pieces ([`crate::exchange_rpc::Inbound::Pull`]) is whole: the
+    /// push for the node to answer; `None` if the pull failed (answer busy: the pusher's
+    /// exchange tries again).
+    PushPulled {
+        /// Which.
+        pull: crate::exchange_rpc::PullId,
+        /// The push, whole.
+        call: Option<crate::exchange_rpc::InboundCall>,
+    },
 }
 
 #[derive(Debug)]
@@ -306,6 +315,8 @@ pub struct RoutingCore {
     /// Large bodies served in pieces besides the snapshot (a hub's merges).
     pub(crate) served_bodies: crate::pieces::ServedBodies,
     pub(crate) exchange_calls: HashMap<RequestId, crate::exchange_rpc::PendingCall>,
+    /// Inbound pushes whose bodies are being pulled, by the piece request in flight.
+    pub(crate) pulls: HashMap<RequestId, crate::exchange_rpc::PendingPull>,
     pub(crate) outputs: VecDeque<Output>,
     pub(crate) metrics: RoutingMetrics,
     next_id: u64,
@@ -333,6 +344,7 @@ impl RoutingCore {
             snapshot_grants: SnapshotGrants::default(),
             served_bodies: crate::pieces::ServedBodies::default(),
             exchange_calls: HashMap::new(),
+            pulls: HashMap::new(),
             outputs: VecDeque::new(),
             metrics: RoutingMetrics::default(),
             next_id: 0,

@@ -32,7 +32,8 @@ use crate::codec::{CodecError, WireRequest};
 use crate::config::{KadMode, RoutingConfig};
 use crate::core::{AnnounceError, AnnounceId, AnnounceReport, Output, RequestFailure, RoutingCore};
 use crate::exchange_rpc::{
-    ExchangeCallId, ExchangeError, ExchangeReply, ExchangeResponder, Inbound, InboundExchange,
+    ExchangeCallId, ExchangeError, ExchangeReply, ExchangeResponder, Inbound, InboundCall,
+    InboundExchange, PullId,
 };
 use crate::handle::{BootstrapError, Command, DialError, NodeInfo, ReplayMark, RoutingEvent};
 use crate::identity_gate::{BAD_IDENTITY, IdentityDenied};
@@ -86,6 +87,16 @@ pub(crate) struct Driver {
     /// Inbound exchange requests the node has yet to answer: each resolves to the response
     /// channel, the peer and the node's answer (`None`: dropped unanswered).
     answering: FuturesUnordered<BoxFuture<'static, Answering>>,
+    /// Pushes held while their bodies are pulled ([`Inbound::Pull`]).
+    pulling: HashMap<
+        PullId,
+        (
+            request_response::ResponseChannel<RpcResponse>,
+            PeerId,
+            RequestId,
+            RpcKind,
+        ),
+    >,
     dials: HashMap<ConnectionId, oneshot::Sender<Result<PeerId, DialError>>>,
     bootstraps: HashMap<QueryId, oneshot::Sender<Result<(), BootstrapError>>>,
     /// Which of libp2p's own bootstraps run ([`crate::bootstrap`]).
@@ -152,6 +163,7 @@ impl Driver {
             exchange_replies: HashMap::new(),
             exchange_sink: None,
             answering: FuturesUnordered::new(),
+            pulling: HashMap::new(),
             dials: HashMap::new(),
             bootstraps: HashMap::new(),
             bootstrap_governor,
@@ -497,6 +509,20 @@ impl Driver {
                 Output::ExchangeDone { call, result } => {
                     if let Some(reply) = self.exchange_replies.remove(&call) {
                         let _ = reply.send(result);
+                    }
+                }
+                Output::PushPulled { pull, call } => {
+                    if let Some((channel, peer, id, kind)) = self.pulling.remove(&pull) {
+                        match call {
+                            Some(call) => self.hand_to_node(peer, id, kind, call, channel),
+                            None => {
+                                let busy = RpcResponse::PushAnswer {
+                                    id,
+                                    answer: PushAnswer::Busy,
+                                };
+                                self.send_answer(channel, peer, kind, Some(busy));
+                            }
+                        }
                     }
                 }
             }
@@ -1058,7 +1084,25 @@ impl Driver {
                 return;
             }
             Inbound::Drop => return,
+            // Held until the body is whole ([`Output::PushPulled`]).
+            Inbound::Pull(pull) => {
+                self.pulling.insert(pull, (channel, peer, id, kind));
+                return;
+            }
         };
+        self.hand_to_node(peer, id, kind, call, channel);
+    }
+
+    /// Give an exchange request to the node, which answers through its responder; a node
+    /// that is behind gets it answered busy (a push) or not-ready (a merge fetch).
+    fn hand_to_node(
+        &mut self,
+        peer: PeerId,
+        id: RequestId,
+        kind: RpcKind,
+        call: InboundCall,
+        channel: request_response::ResponseChannel<RpcResponse>,
+    ) {
         let (tx, rx) = oneshot::channel();
         let inbound = InboundExchange {
             peer,

@@ -45,6 +45,10 @@ use crate::serve::BAD_REQUEST;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ExchangeCallId(pub u64);
 
+/// Identifies one inbound push whose body this node pulls in pieces ([`Inbound::Pull`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PullId(pub u64);
+
 /// What a node asks of a peer in the hub exchange.
 #[derive(Debug, Clone)]
 pub enum ExchangeCall {
@@ -271,6 +275,20 @@ pub enum Inbound {
     Respond(RpcResponse),
     /// Answer nothing: the request broke the protocol and the peer was penalised.
     Drop,
+    /// A push whose body is too large for one request: this node pulls it from the pusher in
+    /// pieces ([`crate::pieces`]). Hold the request until [`Output::PushPulled`] names this
+    /// pull, then hand its call to the node (or, if the pull failed, answer busy).
+    Pull(PullId),
+}
+
+/// An inbound push whose body is being pulled from its pusher.
+#[derive(Debug)]
+pub(crate) struct PendingPull {
+    pub(crate) pull: PullId,
+    pub(crate) peer: PeerId,
+    round: u64,
+    known: Vec<PeerId>,
+    download: Download,
 }
 
 fn parse_peers(list: &[Vec<u8>]) -> Option<Vec<PeerId>> {
@@ -306,8 +324,8 @@ impl RoutingCore {
                 RpcRequest::Push {
                     id: request_id,
                     round,
+                    body: self.offer_large_push(peer, &header, body, now),
                     header,
-                    body,
                     known: known.iter().map(|p| p.to_bytes()).collect(),
                 },
                 None,
@@ -616,6 +634,146 @@ impl RoutingCore {
         })
     }
 
+    /// The body a push to `hub` carries: the packet's, or, over
+    /// [`crate::CoreConfig::inline_body_bytes`], nothing (the hub pulls it in pieces, served
+    /// to it from now on: [`crate::pieces`]).
+    fn offer_large_push(
+        &mut self,
+        hub: PeerId,
+        header: &[u8],
+        body: Vec<u8>,
+        now: Instant,
+    ) -> Vec<u8> {
+        let inline = self
+            .config
+            .inline_body_bytes
+            .min(kindred_proto::MAX_BODY_BYTES);
+        if body.len() <= inline {
+            return body;
+        }
+        // The node sealed it: its header names the body's hash.
+        match kindred_proto::decode_header(header) {
+            Ok(h) => {
+                self.served_bodies
+                    .offer(hub, h.header().body_hash, body, now);
+                Vec::new()
+            }
+            Err(e) => {
+                tracing::warn!(%hub, error = %e, "own packet header does not decode");
+                body
+            }
+        }
+    }
+
+    /// An inbound push without a body: if its header (signed by the pusher) announces one, pull
+    /// it in pieces and hand the push on when it is whole ([`Inbound::Pull`]); otherwise it is
+    /// the node's to judge as it is.
+    fn pull_push(
+        &mut self,
+        peer: PeerId,
+        round: u64,
+        header: Vec<u8>,
+        known: Vec<PeerId>,
+    ) -> Inbound {
+        let announced = kindred_proto::decode_header(&header)
+            .ok()
+            .map(|h| (h.header().sender, h.header().body_hash, h.header().body_len))
+            .filter(|&(sender, _, len)| sender == peer && len > 0);
+        let Some((_, hash, len)) = announced else {
+            return Inbound::Call(InboundCall::Push(PushedPacket {
+                round,
+                header,
+                body: Vec::new(),
+                known,
+            }));
+        };
+        let pull = PullId(self.next_id());
+        tracing::debug!(%peer, round, len, "pulling a pushed body in pieces");
+        self.ask_pull_piece(PendingPull {
+            pull,
+            peer,
+            round,
+            known,
+            download: Download::new(header, hash, len as usize),
+        });
+        Inbound::Pull(pull)
+    }
+
+    fn ask_pull_piece(&mut self, pending: PendingPull) {
+        let request = pending
+            .download
+            .request(RequestId(self.next_id()), self.config.chunk_bytes);
+        let peer = pending.peer;
+        self.metrics
+            .request_sent(&peer, RpcKind::Chunk, request.encoded_len());
+        self.pulls.insert(request.id(), pending);
+        self.outputs
+            .push_back(Output::SendRequest { peer, request });
+    }
+
+    /// A response to a pull's piece request (called from `handle_response`, which has
+    /// checked that `peer` is the pusher).
+    pub(crate) fn on_pull_response(
+        &mut self,
+        peer: PeerId,
+        id: RequestId,
+        mut pending: PendingPull,
+        result: Result<RpcResponse, RequestFailure>,
+        now: Instant,
+    ) {
+        let kind = RpcKind::Chunk;
+        if let Ok(response) = &result {
+            self.metrics
+                .response_received(&peer, kind, response.encoded_len());
+        }
+        let bytes = match result {
+            Ok(RpcResponse::Chunk { id: echoed, bytes }) if echoed == id => bytes,
+            Ok(RpcResponse::Error { .. }) => {
+                // The pusher no longer serves it (restarted, or its time is up).
+                self.metrics.request_failed(kind, "push_gone");
+                return self.pull_done(pending.pull, None);
+            }
+            Ok(_) => {
+                self.reject(&peer, "unexpected_response", Some(Severity::Major), now);
+                return self.pull_done(pending.pull, None);
+            }
+            Err(RequestFailure::Protocol(reason)) => {
+                self.metrics.request_failed(kind, reason);
+                self.reject(&peer, reason, Some(Severity::Major), now);
+                return self.pull_done(pending.pull, None);
+            }
+            Err(failure) => {
+                self.count_failure(kind, &failure);
+                if pending.download.retry() {
+                    return self.ask_pull_piece(pending);
+                }
+                return self.pull_done(pending.pull, None);
+            }
+        };
+        match pending.download.piece(&bytes, self.config.chunk_bytes) {
+            Err(reason) => {
+                self.reject(&peer, reason, Some(Severity::Major), now);
+                self.pull_done(pending.pull, None);
+            }
+            Ok(false) => self.ask_pull_piece(pending),
+            Ok(true) => {
+                let (header, body) = pending.download.into_parts();
+                // The node verifies the whole packet (its hash included) as any push.
+                let call = InboundCall::Push(PushedPacket {
+                    round: pending.round,
+                    header,
+                    body,
+                    known: pending.known,
+                });
+                self.pull_done(pending.pull, Some(call));
+            }
+        }
+    }
+
+    fn pull_done(&mut self, pull: PullId, call: Option<InboundCall>) {
+        self.outputs.push_back(Output::PushPulled { pull, call });
+    }
+
     /// A response about to go to `peer`: a merge whose body is over
     /// [`crate::CoreConfig::inline_body_bytes`] leaves as its header
     /// ([`RpcResponse::MergeHeader`]), its body served to `peer` in pieces from now on
@@ -696,6 +854,7 @@ impl RoutingCore {
                 known,
                 ..
             } => match parse_peers(&known) {
+                Some(known) if body.is_empty() => self.pull_push(peer, round, header, known),
                 Some(known) => Inbound::Call(InboundCall::Push(PushedPacket {
                     round,
                     header,

@@ -557,6 +557,17 @@ impl RoutingCore {
             }
             return self.on_snapshot_response(peer, id, fetch, result, now);
         }
+        if let Some(pull) = self.pulls.remove(&id) {
+            if pull.peer != peer {
+                tracing::error!(%peer, expected = %pull.peer, "response from an unexpected peer");
+                self.outputs.push_back(Output::PushPulled {
+                    pull: pull.pull,
+                    call: None,
+                });
+                return;
+            }
+            return self.on_pull_response(peer, id, pull, result, now);
+        }
         if let Some(call) = self.exchange_calls.remove(&id) {
             if call.peer != peer {
                 tracing::error!(%peer, expected = %call.peer, "response from an unexpected peer");
@@ -886,7 +897,10 @@ impl RoutingCore {
                             continue;
                         };
                         let (peer, packet) = (c.header.header().sender, c.header.id());
-                        if self.scores.is_banned(&peer, now) {
+                        // A body past one response's limit cannot be fetched whole.
+                        let too_large =
+                            c.header.header().body_len as usize > kindred_proto::MAX_BODY_BYTES;
+                        if too_large || self.scores.is_banned(&peer, now) {
                             continue;
                         }
                         l.bodies_in_flight += 1;

@@ -1386,3 +1386,117 @@ fn a_large_merge_comes_in_pieces_resumes_and_a_tampered_one_is_refused() {
         }
     ));
 }
+
+/// A push over the member's inline limit goes without its body; the hub pulls the body from the
+/// member in pieces (asking again for a piece that did not come) and hands the push on whole.
+/// The member serves those pieces to its hub only.
+#[test]
+fn a_large_push_is_pulled_by_the_hub_in_pieces() {
+    use kindred_proto::{DenseValues, Embedding, HeaderFields, LayerPayload, PacketBody};
+    use kindred_routing::exchange_rpc::Inbound;
+    use kindred_routing::{ExchangeCall, InboundCall, MemoryStore, PushedPacket};
+
+    let now = Instant::now();
+    let (hub_key, member_key) = (identity(61), identity(62));
+    let (hub, member_id) = (peer_of(&hub_key), peer_of(&member_key));
+    let mut cfg = config();
+    cfg.inline_body_bytes = 64;
+    cfg.chunk_bytes = 40;
+    let mut member = RoutingCore::new(member_id, cfg.clone());
+    let mut hub_core = RoutingCore::new(hub, cfg);
+    let store = MemoryStore::default();
+    let body = PacketBody {
+        layers: vec![
+            LayerPayload::Dense(DenseValues::F32((0..32).map(|i| i as f32 / 4.0).collect())),
+            LayerPayload::Dense(DenseValues::F32(vec![0.5; 4])),
+        ],
+    };
+    let fields = HeaderFields {
+        round: 4,
+        unix_ms: 1_700_000_000_000,
+        samples: 30,
+        loss: 0.4,
+        embedding: Embedding::default(),
+    };
+    let packet = kindred_proto::seal(&member_key, &spec(), fields, &body).unwrap();
+    let len = packet.body_bytes.len() as u64;
+    member.exchange_call(
+        hub,
+        ExchangeCall::Push(PushedPacket {
+            round: 4,
+            header: packet.header_bytes.clone(),
+            body: packet.body_bytes.clone(),
+            known: vec![],
+        }),
+        now,
+    );
+    let push = drain(&mut member)
+        .into_iter()
+        .find_map(|o| match o {
+            Output::SendRequest { request, .. } => Some(request),
+            _ => None,
+        })
+        .unwrap();
+    let RpcRequest::Push { body: sent, .. } = &push else {
+        panic!("{push:?}");
+    };
+    assert!(sent.is_empty(), "the body went with the push");
+    let Inbound::Pull(pull) = hub_core.exchange_request(member_id, push, true, now) else {
+        panic!("the hub did not pull the body");
+    };
+    let (mut n, mut offsets) = (0, Vec::new());
+    let call = loop {
+        let outputs = drain(&mut hub_core);
+        if let Some(call) = outputs.iter().find_map(|o| match o {
+            Output::PushPulled { pull: p, call } if *p == pull => Some(call.clone()),
+            _ => None,
+        }) {
+            break call;
+        }
+        let request = outputs
+            .into_iter()
+            .find_map(|o| match o {
+                Output::SendRequest { peer, request } if peer == member_id => Some(request),
+                _ => None,
+            })
+            .expect("a piece request or the pull's end");
+        let RpcRequest::GetChunk { offset, .. } = &request else {
+            panic!("{request:?}");
+        };
+        offsets.push(*offset);
+        let answer = member.handle_request(hub, &request, &store, now);
+        let result = if n == 2 {
+            Err(kindred_routing::RequestFailure::Timeout)
+        } else {
+            Ok(answer)
+        };
+        n += 1;
+        hub_core.handle_response(member_id, request.id(), result, now);
+    };
+    match call {
+        Some(InboundCall::Push(p)) => {
+            assert_eq!(p.round, 4);
+            assert_eq!(p.body, packet.body_bytes);
+            assert_eq!(p.header, packet.header_bytes);
+        }
+        other => panic!("{other:?}"),
+    }
+    let mut expected: Vec<u64> = (0..len.div_ceil(40)).map(|i| i * 40).collect();
+    expected.insert(2, 80);
+    assert_eq!(offsets, expected);
+    assert!(hub_core.metrics().rejects.is_empty());
+    // Only the hub pushed to is served the body.
+    let piece = RpcRequest::GetChunk {
+        id: RequestId(3),
+        body_hash: packet.header.header().body_hash,
+        offset: 0,
+        len: 40,
+    };
+    assert!(matches!(
+        member.handle_request(peer_of(&identity(63)), &piece, &store, now),
+        RpcResponse::Error {
+            code: RpcErrorCode::Refused,
+            ..
+        }
+    ));
+}

@@ -2,7 +2,7 @@
 //! store holds, a peer fetches and verifies it, a node without one answers `NotFound`, and by
 //! default a node refuses its snapshot to a peer it has not served a body to. A snapshot or a
 //! hub's merge over one response's limit comes in pieces and resumes after its connection is
-//! dropped.
+//! dropped; a push over it is pulled by the hub in pieces.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
@@ -120,29 +120,50 @@ async fn a_peer_fetches_and_verifies_a_served_snapshot() {
     b.shutdown().await;
 }
 
+/// A 2 MB model (one layer of 2^20 values in f16, patterned by `period`) for the tests of
+/// bodies in pieces.
+fn two_megabytes(period: u32) -> (Arc<ModelSpec>, PacketBody) {
+    let len = 1u32 << 20;
+    let spec = Arc::new(ModelSpec::new(vec![LayerSpec::new("w", [len], DType::F32)]).unwrap());
+    let body = PacketBody {
+        layers: vec![LayerPayload::Dense(DenseValues::F16(
+            (0..len)
+                .map(|i| half::f16::from_f32((i % period) as f32 / period as f32))
+                .collect(),
+        ))],
+    };
+    (spec, body)
+}
+
+/// Two nodes answering bodies over 64 KiB in pieces, asking for 8 KiB a piece; the second
+/// serves `store`.
+async fn piece_nodes(
+    store: Arc<MemoryStore>,
+) -> (
+    ed25519::Keypair,
+    ed25519::Keypair,
+    RoutingHandle,
+    RoutingHandle,
+) {
+    let (key_a, key_b) = (ed25519::Keypair::generate(), ed25519::Keypair::generate());
+    let pieces = |c: &mut RoutingConfig| {
+        c.core.inline_body_bytes = 64 << 10;
+        c.core.chunk_bytes = 8 << 10;
+    };
+    let a = node_with(&key_a, Arc::new(MemoryStore::default()), true, pieces).await;
+    let b = node_with(&key_b, store, true, pieces).await;
+    (key_a, key_b, a, b)
+}
+
 /// A 2 MB snapshot, served in pieces (over 64 KiB), fetched 8 KiB at a time: the connection is
 /// dropped once pieces are flowing, the fetch asks for the piece again (dialling the peer anew)
 /// and completes with the whole, verified model.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_snapshot_resumes_after_its_connection_drops() {
     let len = 1usize << 20;
-    let spec =
-        Arc::new(ModelSpec::new(vec![LayerSpec::new("w", [len as u32], DType::F32)]).unwrap());
-    let body = PacketBody {
-        layers: vec![LayerPayload::Dense(DenseValues::F16(
-            (0..len)
-                .map(|i| half::f16::from_f32((i % 89) as f32 / 89.0))
-                .collect(),
-        ))],
-    };
-    let (key_a, key_b) = (ed25519::Keypair::generate(), ed25519::Keypair::generate());
+    let (spec, body) = two_megabytes(89);
     let store_b = Arc::new(MemoryStore::default());
-    let pieces = |c: &mut RoutingConfig| {
-        c.core.inline_body_bytes = 64 << 10;
-        c.core.chunk_bytes = 8 << 10;
-    };
-    let a = node_with(&key_a, Arc::new(MemoryStore::default()), true, pieces).await;
-    let b = node_with(&key_b, store_b.clone(), true, pieces).await;
+    let (_, key_b, a, b) = piece_nodes(store_b.clone()).await;
     let fields = HeaderFields {
         round: 3,
         unix_ms: 0,
@@ -192,22 +213,8 @@ async fn a_large_snapshot_resumes_after_its_connection_drops() {
 async fn a_large_merge_comes_in_pieces_and_resumes_after_its_connection_drops() {
     use kindred_routing::{ExchangeCall, ExchangeReply, InboundCall, ServedWith};
     let len = 1usize << 20;
-    let spec =
-        Arc::new(ModelSpec::new(vec![LayerSpec::new("w", [len as u32], DType::F32)]).unwrap());
-    let body = PacketBody {
-        layers: vec![LayerPayload::Dense(DenseValues::F16(
-            (0..len)
-                .map(|i| half::f16::from_f32((i % 83) as f32 / 83.0))
-                .collect(),
-        ))],
-    };
-    let (key_a, key_b) = (ed25519::Keypair::generate(), ed25519::Keypair::generate());
-    let pieces = |c: &mut RoutingConfig| {
-        c.core.inline_body_bytes = 64 << 10;
-        c.core.chunk_bytes = 8 << 10;
-    };
-    let a = node_with(&key_a, Arc::new(MemoryStore::default()), true, pieces).await;
-    let b = node_with(&key_b, Arc::new(MemoryStore::default()), true, pieces).await;
+    let (spec, body) = two_megabytes(83);
+    let (_, key_b, a, b) = piece_nodes(Arc::new(MemoryStore::default())).await;
     let fields = HeaderFields {
         round: 5,
         unix_ms: 0,
@@ -267,6 +274,71 @@ async fn a_large_merge_comes_in_pieces_and_resumes_after_its_connection_drops() 
     assert!(ma.chunk.failures >= 1, "{:?}", ma.chunk);
     assert!(mb.chunk.responses_sent.bytes > 2 * len as u64);
     assert!(ma.rejects.is_empty());
+    a.shutdown().await;
+    b.shutdown().await;
+    hub.abort();
+}
+
+/// A member's 2 MB push over a 64 KiB inline limit: it goes without its body, the hub's routing
+/// task pulls the body in pieces and hands the whole push to the hub's node, whose answer comes
+/// back to the member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_push_is_pulled_by_the_hub_over_a_real_connection() {
+    use kindred_routing::{ExchangeCall, ExchangeReply, HubAnswer, InboundCall, PushedPacket};
+    let len = 1usize << 20;
+    let (spec, body) = two_megabytes(79);
+    let (key_a, _, a, b) = piece_nodes(Arc::new(MemoryStore::default())).await;
+    let fields = HeaderFields {
+        round: 6,
+        unix_ms: 0,
+        samples: 10,
+        loss: 0.0,
+        embedding: Embedding::default(),
+    };
+    let packet = kindred_proto::seal(&key_a, &spec, fields, &body).unwrap();
+    let (got_tx, got_rx) = tokio::sync::oneshot::channel();
+    let mut inbox = b.serve_exchange(8).await.unwrap();
+    let hub = tokio::spawn(async move {
+        let mut got_tx = Some(got_tx);
+        while let Some(inbound) = inbox.recv().await {
+            if let InboundCall::Push(p) = inbound.call {
+                inbound.reply.answer(&HubAnswer::Accepted);
+                if let Some(tx) = got_tx.take() {
+                    let _ = tx.send(p);
+                }
+            }
+        }
+    });
+    a.dial(b.listen_addrs()[0].clone()).await.unwrap();
+    let push = PushedPacket {
+        round: 6,
+        header: packet.header_bytes.clone(),
+        body: packet.body_bytes.clone(),
+        known: vec![],
+    };
+    let reply = tokio::time::timeout(
+        LIMIT,
+        a.exchange_call(b.peer_id(), ExchangeCall::Push(push)),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(
+        matches!(reply, ExchangeReply::Answer(HubAnswer::Accepted)),
+        "{reply:?}"
+    );
+    let pushed = tokio::time::timeout(LIMIT, got_rx).await.unwrap().unwrap();
+    assert_eq!(pushed.body, packet.body_bytes);
+    let (ma, mb) = (a.metrics().await.unwrap(), b.metrics().await.unwrap());
+    // The push itself is small; the body went as pieces the hub asked for.
+    assert!(ma.push.requests_sent.bytes < 4096, "{:?}", ma.push);
+    assert!(
+        ma.chunk.responses_sent.bytes > 2 * len as u64,
+        "{:?}",
+        ma.chunk
+    );
+    assert!(mb.chunk.requests_sent.messages >= 256, "{:?}", mb.chunk);
+    assert!(ma.rejects.is_empty() && mb.rejects.is_empty());
     a.shutdown().await;
     b.shutdown().await;
     hub.abort();
