@@ -45,6 +45,10 @@ use crate::serve::BAD_REQUEST;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ExchangeCallId(pub u64);
 
+/// Bytes of pushed bodies a node pulls at once, at most (their announced lengths summed): 4 GiB,
+/// two pushes of a 10^9-parameter model's update dense in f16. A push past it is answered busy.
+pub const MAX_PULL_BYTES: u64 = 4 << 30;
+
 /// Identifies one inbound push whose body this node pulls in pieces ([`Inbound::Pull`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PullId(pub u64);
@@ -671,6 +675,7 @@ impl RoutingCore {
     fn pull_push(
         &mut self,
         peer: PeerId,
+        id: RequestId,
         round: u64,
         header: Vec<u8>,
         known: Vec<PeerId>,
@@ -687,6 +692,24 @@ impl RoutingCore {
                 known,
             }));
         };
+        // One pull per pusher, and at most MAX_PULL_BYTES announced at once: past that the push
+        // is answered as a full hub answers, and the pusher's exchange tries again.
+        let in_flight: u64 = self
+            .pulls
+            .values()
+            .map(|p| p.download.progress().1 as u64)
+            .sum();
+        if self.pulls.values().any(|p| p.peer == peer)
+            || in_flight.saturating_add(u64::from(len)) > MAX_PULL_BYTES
+        {
+            let busy = RpcResponse::PushAnswer {
+                id,
+                answer: PushAnswer::Busy,
+            };
+            self.metrics
+                .response_sent(&peer, RpcKind::Push, busy.encoded_len());
+            return Inbound::Respond(busy);
+        }
         let pull = PullId(self.next_id());
         tracing::debug!(%peer, round, len, "pulling a pushed body in pieces");
         self.ask_pull_piece(PendingPull {
@@ -854,7 +877,7 @@ impl RoutingCore {
                 known,
                 ..
             } => match parse_peers(&known) {
-                Some(known) if body.is_empty() => self.pull_push(peer, round, header, known),
+                Some(known) if body.is_empty() => self.pull_push(peer, id, round, header, known),
                 Some(known) => Inbound::Call(InboundCall::Push(PushedPacket {
                     round,
                     header,

@@ -12,7 +12,7 @@
 //!   reads it; pieces are not checked one by one (a peer that lies wastes one fetch, and is
 //!   then penalised like any other invalid answer).
 //! - `ServedBodies`, the sender's side for bodies that are not the store's snapshot (a hub's
-//!   large merges): each body by its hash, served only to the peers it was answered to, for
+//!   large merges, a member's large push, which its hub pulls): each body by its hash, served only to the peers it was answered to, for
 //!   [`SERVED_BODY_TTL`], at most four bodies at once (the oldest goes first).
 
 use std::collections::{HashMap, HashSet};
@@ -115,15 +115,16 @@ struct Served {
     at: Instant,
 }
 
-/// Large bodies this node serves in pieces besides its snapshot (a hub's merges), by hash.
+/// Large bodies this node serves in pieces besides its snapshot (a hub's merges, a member's
+/// push), by hash.
 #[derive(Debug, Default)]
 pub(crate) struct ServedBodies {
     bodies: HashMap<[u8; 32], Served>,
 }
 
 impl ServedBodies {
-    /// Most bodies served at once: a hub serves one merge a round, and members fetch the last
-    /// round's while the next is made. Past it the oldest goes.
+    /// Most bodies served at once: a hub serves one merge a round (members may fetch the last
+    /// round's while the next is made) and pushes one packet. Past it the oldest goes.
     pub(crate) const CAPACITY: usize = 4;
 
     /// Serve `body` (hashing to `hash`) to `peer` from `now`.

@@ -11,8 +11,8 @@
 //!   to a peer that was served one of this node's bodies lately (one snapshot per body: see
 //!   [`crate::snapshot`]); anyone else is refused. A snapshot too large for one response is
 //!   answered with its header, and `GetChunk` then serves pieces of that body (by its
-//!   hash) to the peer that asked, while its grant lasts; so are a hub's large merges
-//!   ([`crate::pieces`]);
+//!   hash) to the peer that asked, while its grant lasts; so are a hub's large merge to its
+//!   members and a member's large push to its hub ([`crate::pieces`]);
 //! - the hub exchange's `Push` and `GetMerge` never reach the store: the driver hands them to
 //!   the node that serves the exchange ([`crate::exchange_rpc`]), or refuses them.
 //!
@@ -147,7 +147,7 @@ impl RoutingCore {
                         .served_bodies
                         .piece(&peer, body_hash, *offset, *len, now)
                     {
-                        // A hub's large merge.
+                        // A large merge or push this node offered.
                         Some(Ok(bytes)) => RpcResponse::Chunk { id, bytes },
                         Some(Err(c)) => code(c),
                         None if !self.may_fetch_snapshot_chunk(&peer, body_hash, now) => {

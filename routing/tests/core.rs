@@ -1388,8 +1388,8 @@ fn a_large_merge_comes_in_pieces_resumes_and_a_tampered_one_is_refused() {
 }
 
 /// A push over the member's inline limit goes without its body; the hub pulls the body from the
-/// member in pieces (asking again for a piece that did not come) and hands the push on whole.
-/// The member serves those pieces to its hub only.
+/// member in pieces (asking again for a piece that did not come) and hands the push on whole,
+/// one pull per pusher at a time. The member serves those pieces to its hub only.
 #[test]
 fn a_large_push_is_pulled_by_the_hub_in_pieces() {
     use kindred_proto::{DenseValues, Embedding, HeaderFields, LayerPayload, PacketBody};
@@ -1441,9 +1441,18 @@ fn a_large_push_is_pulled_by_the_hub_in_pieces() {
         panic!("{push:?}");
     };
     assert!(sent.is_empty(), "the body went with the push");
+    let again = push.clone();
     let Inbound::Pull(pull) = hub_core.exchange_request(member_id, push, true, now) else {
         panic!("the hub did not pull the body");
     };
+    // One pull per pusher at a time: the same push again is answered busy.
+    assert!(matches!(
+        hub_core.exchange_request(member_id, again, true, now),
+        Inbound::Respond(RpcResponse::PushAnswer {
+            answer: kindred_proto::rpc::PushAnswer::Busy,
+            ..
+        })
+    ));
     let (mut n, mut offsets) = (0, Vec::new());
     let call = loop {
         let outputs = drain(&mut hub_core);
