@@ -12,8 +12,9 @@
 //!   reads it; pieces are not checked one by one (a peer that lies wastes one fetch, and is
 //!   then penalised like any other invalid answer).
 //! - `ServedBodies`, the sender's side for bodies that are not the store's snapshot (a hub's
-//!   large merges, a member's large push, which its hub pulls): each body by its hash, served only to the peers it was answered to, for
-//!   [`SERVED_BODY_TTL`], at most four bodies at once (the oldest goes first).
+//!   large merges, a member's large push, which its hub pulls): each body by its hash, served
+//!   only to the peers it was answered to, for [`SERVED_BODY_TTL`], at most four bodies at once
+//!   (the oldest goes first).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
