@@ -549,9 +549,7 @@ impl RoutingCore {
                 },
                 Some((round, spec)),
             ) => {
-                let Some(listed) = parse_peers(&listed) else {
-                    return Err(invalid(self, "bad_peer_id", Severity::Major));
-                };
+                let listed = self.listed_peers(peer, &listed, now)?;
                 let merge = (*round, spec.clone());
                 self.verified_merge(peer, merge, header, body, (cosine, lineage, listed), now)
                     .map(Some)
@@ -567,18 +565,11 @@ impl RoutingCore {
                 },
                 Some((round, spec)),
             ) => {
-                let Some(listed) = parse_peers(&listed) else {
-                    return Err(invalid(self, "bad_peer_id", Severity::Major));
-                };
+                let listed = self.listed_peers(peer, &listed, now)?;
                 let verified = kindred_proto::decode_merge_header(&header)
                     .map_err(|e| invalid(self, e.reason(), crate::lookup::decode_severity(&e)))?;
                 let h = verified.header();
-                if h.sender != peer {
-                    return Err(invalid(self, "foreign_sender", Severity::Major));
-                }
-                if h.round != *round {
-                    return Err(invalid(self, "replayed_merge", Severity::Major));
-                }
+                self.merge_of(peer, h, *round, now)?;
                 if h.model != spec.id() {
                     return Err(invalid(self, "model_mismatch", Severity::Major));
                 }
@@ -602,6 +593,39 @@ impl RoutingCore {
         }
     }
 
+    /// Whether a merge's verified header is `peer`'s own, of `round`: another hub's merge,
+    /// validly signed, is not this hub's, and a merge of another round is a replay.
+    fn merge_of(
+        &mut self,
+        peer: PeerId,
+        h: &kindred_proto::PacketHeader,
+        round: u64,
+        now: Instant,
+    ) -> Result<(), ExchangeError> {
+        let reason = if h.sender != peer {
+            "foreign_sender"
+        } else if h.round != round {
+            "replayed_merge"
+        } else {
+            return Ok(());
+        };
+        self.reject(&peer, reason, Some(Severity::Major), now);
+        Err(ExchangeError::Invalid(reason))
+    }
+
+    /// The peers a merge's answer lists, parsed; a list that does not parse is the peer's fault.
+    fn listed_peers(
+        &mut self,
+        peer: PeerId,
+        listed: &[Vec<u8>],
+        now: Instant,
+    ) -> Result<Vec<PeerId>, ExchangeError> {
+        parse_peers(listed).ok_or_else(|| {
+            self.reject(&peer, "bad_peer_id", Some(Severity::Major), now);
+            ExchangeError::Invalid("bad_peer_id")
+        })
+    }
+
     /// A whole merge from `peer`: verified against the round and spec asked for, with what its
     /// answer said (`cosine`, `lineage`, `listed`).
     fn verified_merge(
@@ -620,15 +644,7 @@ impl RoutingCore {
         let bytes = header.len() + body.len();
         let merge = OutcomePacket::decode_merge(&header, &body, &spec)
             .map_err(|e| invalid(self, e.reason(), crate::lookup::decode_severity(&e)))?;
-        let h = merge.header.header();
-        if h.sender != peer {
-            // Another hub's merge, validly signed: not this hub's.
-            return Err(invalid(self, "foreign_sender", Severity::Major));
-        }
-        if h.round != round {
-            // A merge of another round: a replay.
-            return Err(invalid(self, "replayed_merge", Severity::Major));
-        }
+        self.merge_of(peer, merge.header.header(), round, now)?;
         Ok(ExchangeReply::Merge {
             merge: Box::new(merge),
             bytes,
