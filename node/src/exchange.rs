@@ -609,12 +609,11 @@ impl HubDriver {
                     let found: Vec<(PeerId, f32)> = match routing.find_partners(query).await {
                         Ok(p) => {
                             let s = &p.stats;
-                            // Providers found, none met: their headers could not be read
-                            // (behind NAT, the hole punch still under way). The core searches
-                            // again next round.
-                            unreached = s.providers > 0
-                                && s.headers_accepted == 0
-                                && p.candidates.is_empty();
+                            // Providers whose headers could not be read (behind NAT, the
+                            // hole punch still under way): the core searches again next
+                            // round. Headers read from others (another task's public
+                            // node) do not make up for them.
+                            unreached = s.providers_unread > 0;
                             tracing::debug!(
                                 round,
                                 announce,
@@ -622,6 +621,7 @@ impl HubDriver {
                                 keys = s.key_lookups,
                                 providers = s.providers,
                                 headers = s.headers_accepted,
+                                unread = s.providers_unread,
                                 candidates = p.candidates.len(),
                                 best = p.candidates.first().map(|c| c.cosine),
                                 timed_out = s.timed_out,

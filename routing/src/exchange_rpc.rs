@@ -37,7 +37,7 @@ use libp2p::PeerId;
 use tokio::sync::oneshot;
 
 use crate::core::{Output, RequestFailure, RoutingCore};
-use crate::pieces::Download;
+use crate::pieces::{Download, Failed, Step};
 use crate::scoring::Severity;
 use crate::serve::BAD_REQUEST;
 
@@ -262,14 +262,6 @@ pub(crate) struct MergePieces {
     listed: Vec<PeerId>,
 }
 
-/// What one response did to a call.
-enum Step {
-    /// The call ends.
-    Done(Result<ExchangeReply, ExchangeError>),
-    /// Ask for the next piece of a large merge (or the same one again).
-    Next,
-}
-
 /// What [`RoutingCore::exchange_request`] made of an inbound request.
 #[derive(Debug)]
 pub enum Inbound {
@@ -370,17 +362,10 @@ impl RoutingCore {
     ) {
         match self.check_exchange(peer, id, &mut pending, result, now) {
             Step::Next => {
-                let Some(p) = &pending.pieces else {
-                    return;
-                };
-                let request = p
-                    .download
-                    .request(RequestId(self.next_id()), self.config.chunk_bytes);
-                self.metrics
-                    .request_sent(&peer, RpcKind::Chunk, request.encoded_len());
-                self.exchange_calls.insert(request.id(), pending);
-                self.outputs
-                    .push_back(Output::SendRequest { peer, request });
+                if let Some(p) = &pending.pieces {
+                    let id = self.ask_piece(peer, &p.download);
+                    self.exchange_calls.insert(id, pending);
+                }
             }
             Step::Done(result) => {
                 if result.is_ok() {
@@ -401,7 +386,7 @@ impl RoutingCore {
         pending: &mut PendingCall,
         result: Result<RpcResponse, RequestFailure>,
         now: Instant,
-    ) -> Step {
+    ) -> Step<Result<ExchangeReply, ExchangeError>> {
         let kind = match (&pending.pieces, &pending.merge) {
             (Some(_), _) => RpcKind::Chunk,
             (None, Some(_)) => RpcKind::Merge,
@@ -409,23 +394,13 @@ impl RoutingCore {
         };
         let response = match result {
             Ok(response) => response,
-            Err(RequestFailure::Protocol(reason)) => {
-                self.metrics.request_failed(kind, reason);
-                self.reject(&peer, reason, Some(Severity::Major), now);
-                return Step::Done(Err(ExchangeError::Invalid(reason)));
-            }
             Err(failure) => {
-                self.count_failure(kind, &failure);
-                // A piece that did not come is asked for again, from where the body stopped.
-                if let Some(p) = pending.pieces.as_mut()
-                    && p.download.retry()
-                {
-                    let (at, of) = p.download.progress();
-                    tracing::debug!(%peer, at, of, failure = failure.label(),
-                        "merge piece asked for again");
-                    return Step::Next;
-                }
-                return Step::Done(Err(ExchangeError::Failed(failure.label())));
+                let download = pending.pieces.as_mut().map(|p| &mut p.download);
+                return match self.transfer_failed(peer, kind, &failure, download, now) {
+                    Failed::Invalid(reason) => Step::Done(Err(ExchangeError::Invalid(reason))),
+                    Failed::Retry => Step::Next,
+                    Failed::GaveUp(label) => Step::Done(Err(ExchangeError::Failed(label))),
+                };
             }
         };
         if pending.pieces.is_some() {
@@ -446,7 +421,7 @@ impl RoutingCore {
         pending: &mut PendingCall,
         response: RpcResponse,
         now: Instant,
-    ) -> Step {
+    ) -> Step<Result<ExchangeReply, ExchangeError>> {
         self.metrics
             .response_received(&peer, RpcKind::Chunk, response.encoded_len());
         let invalid = |core: &mut Self, reason: &'static str| {
@@ -664,11 +639,7 @@ impl RoutingCore {
         body: Vec<u8>,
         now: Instant,
     ) -> Vec<u8> {
-        let inline = self
-            .config
-            .inline_body_bytes
-            .min(kindred_proto::MAX_BODY_BYTES);
-        if body.len() <= inline {
+        if !self.in_pieces(body.len()) {
             return body;
         }
         // The node sealed it: its header names the body's hash.
@@ -739,15 +710,8 @@ impl RoutingCore {
     }
 
     fn ask_pull_piece(&mut self, pending: PendingPull) {
-        let request = pending
-            .download
-            .request(RequestId(self.next_id()), self.config.chunk_bytes);
-        let peer = pending.peer;
-        self.metrics
-            .request_sent(&peer, RpcKind::Chunk, request.encoded_len());
-        self.pulls.insert(request.id(), pending);
-        self.outputs
-            .push_back(Output::SendRequest { peer, request });
+        let id = self.ask_piece(pending.peer, &pending.download);
+        self.pulls.insert(id, pending);
     }
 
     /// A response to a pull's piece request (called from `handle_response`, which has
@@ -776,17 +740,12 @@ impl RoutingCore {
                 self.reject(&peer, "unexpected_response", Some(Severity::Major), now);
                 return self.pull_done(pending.pull, None);
             }
-            Err(RequestFailure::Protocol(reason)) => {
-                self.metrics.request_failed(kind, reason);
-                self.reject(&peer, reason, Some(Severity::Major), now);
-                return self.pull_done(pending.pull, None);
-            }
             Err(failure) => {
-                self.count_failure(kind, &failure);
-                if pending.download.retry() {
-                    return self.ask_pull_piece(pending);
-                }
-                return self.pull_done(pending.pull, None);
+                let download = Some(&mut pending.download);
+                return match self.transfer_failed(peer, kind, &failure, download, now) {
+                    Failed::Retry => self.ask_pull_piece(pending),
+                    Failed::Invalid(_) | Failed::GaveUp(_) => self.pull_done(pending.pull, None),
+                };
             }
         };
         match pending.download.piece(&bytes, self.config.chunk_bytes) {
@@ -823,10 +782,6 @@ impl RoutingCore {
         response: RpcResponse,
         now: Instant,
     ) -> RpcResponse {
-        let inline = self
-            .config
-            .inline_body_bytes
-            .min(kindred_proto::MAX_BODY_BYTES);
         match response {
             RpcResponse::Merge {
                 id,
@@ -835,7 +790,7 @@ impl RoutingCore {
                 cosine,
                 lineage,
                 listed,
-            } if body.len() > inline => {
+            } if self.in_pieces(body.len()) => {
                 // The node sealed it: its header names the body's hash.
                 match kindred_proto::decode_merge_header(&header) {
                     Ok(h) => {

@@ -136,6 +136,10 @@ pub struct LookupStats {
     pub headers_accepted: u32,
     /// Headers rejected.
     pub headers_rejected: u32,
+    /// Providers whose headers this lookup could not read: asked with no answer (a timeout, a
+    /// dial or a connection that failed), or still waiting when the deadline came. A peer
+    /// behind NAT whose hole punch is under way is one.
+    pub providers_unread: u32,
     /// `GetBody` requests sent.
     pub body_requests: u32,
     /// Bodies verified.
@@ -609,11 +613,16 @@ impl RoutingCore {
                     Want::Headers { keys } => Some(&keys[..]),
                     _ => None,
                 };
+                let unanswered = matches!(
+                    result,
+                    Err(ref f) if !matches!(f, RequestFailure::Protocol(_))
+                );
                 if let Ok(response) = result {
                     self.on_headers(pending.lookup, peer, id, keys, response, now);
                 }
                 if let Some(l) = self.lookups.get_mut(&pending.lookup) {
                     l.headers_in_flight = l.headers_in_flight.saturating_sub(1);
+                    l.stats.providers_unread += u32::from(unanswered);
                 }
             }
             Want::Body { packet } => {
@@ -1001,6 +1010,11 @@ impl RoutingCore {
         if timed_out {
             self.metrics.lookups_timed_out += 1;
             if l.phase == Phase::Discover {
+                let unread = l.headers_in_flight.saturating_add(l.queue.len());
+                l.stats.providers_unread = l
+                    .stats
+                    .providers_unread
+                    .saturating_add(u32::try_from(unread).unwrap_or(u32::MAX));
                 // Rank what was found so far.
                 self.lookups.insert(id, l);
                 self.rank(id);

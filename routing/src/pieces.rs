@@ -15,14 +15,21 @@
 //!   large merges, a member's large push, which its hub pulls): each body by its hash, served
 //!   only to the peers it was answered to, for [`SERVED_BODY_TTL`], at most four bodies at once
 //!   (the oldest goes first).
+//!
+//! The snapshot fetch, the merge fetch and the hub's pull of a push share the rest: when a
+//! body leaves in pieces, how the next piece is asked for, and what a failed request comes to
+//! (a protocol breach penalised, a piece asked for again, or the transfer given up).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kindred_proto::MAX_CHUNK_BYTES;
-use kindred_proto::rpc::{RequestId, RpcErrorCode, RpcRequest};
+use kindred_proto::rpc::{RequestId, RpcErrorCode, RpcKind, RpcRequest};
+use kindred_proto::{MAX_BODY_BYTES, MAX_CHUNK_BYTES};
 use libp2p::PeerId;
+
+use crate::core::{Output, RequestFailure, RoutingCore};
+use crate::scoring::Severity;
 
 /// Pieces of a large body asked for again in a row, at most, before its fetch fails.
 pub const CHUNK_RETRIES: u32 = 3;
@@ -175,6 +182,69 @@ impl ServedBodies {
             return Some(Err(RpcErrorCode::Refused));
         }
         Some(slice(&s.body, offset, len).ok_or(RpcErrorCode::NotFound))
+    }
+}
+
+/// What one response did to a transfer whose body may come in pieces.
+pub(crate) enum Step<T> {
+    /// The transfer ends with this.
+    Done(T),
+    /// Ask for the next piece (or the same one again).
+    Next,
+}
+
+/// What a failed request of a transfer comes to ([`RoutingCore::transfer_failed`]).
+pub(crate) enum Failed {
+    /// The answer broke the protocol: the peer is penalised and the transfer fails.
+    Invalid(&'static str),
+    /// A piece did not come: ask for it again, from where the body stopped.
+    Retry,
+    /// No answer (not the peer's fault) and no retry left: the transfer fails.
+    GaveUp(&'static str),
+}
+
+impl RoutingCore {
+    /// Whether a body of `len` bytes leaves in pieces rather than in its message
+    /// ([`crate::CoreConfig::inline_body_bytes`], at most one message's).
+    pub(crate) fn in_pieces(&self, len: usize) -> bool {
+        len > self.config.inline_body_bytes.min(MAX_BODY_BYTES)
+    }
+
+    /// Ask `peer` for `download`'s next piece: the request's id, under which the caller files
+    /// its transfer until the answer comes.
+    pub(crate) fn ask_piece(&mut self, peer: PeerId, download: &Download) -> RequestId {
+        let request = download.request(RequestId(self.next_id()), self.config.chunk_bytes);
+        let id = request.id();
+        self.metrics
+            .request_sent(&peer, RpcKind::Chunk, request.encoded_len());
+        self.outputs
+            .push_back(Output::SendRequest { peer, request });
+        id
+    }
+
+    /// A request of a transfer (its first, or a piece's, then with its `download`) failed.
+    pub(crate) fn transfer_failed(
+        &mut self,
+        peer: PeerId,
+        kind: RpcKind,
+        failure: &RequestFailure,
+        download: Option<&mut Download>,
+        now: Instant,
+    ) -> Failed {
+        if let RequestFailure::Protocol(reason) = *failure {
+            self.metrics.request_failed(kind, reason);
+            self.reject(&peer, reason, Some(Severity::Major), now);
+            return Failed::Invalid(reason);
+        }
+        self.count_failure(kind, failure);
+        if let Some(d) = download
+            && d.retry()
+        {
+            let (at, of) = d.progress();
+            tracing::debug!(%peer, at, of, failure = failure.label(), "piece asked for again");
+            return Failed::Retry;
+        }
+        Failed::GaveUp(failure.label())
     }
 }
 

@@ -113,15 +113,11 @@ impl RoutingCore {
                         tracing::warn!(%peer, "model snapshot header is over the wire limit");
                         not_found
                     }
-                    Some(s)
-                        if s.body.len() <= self.config.inline_body_bytes.min(MAX_BODY_BYTES) =>
-                    {
-                        RpcResponse::Snapshot {
-                            id,
-                            header: s.header.clone(),
-                            body: s.body.clone(),
-                        }
-                    }
+                    Some(s) if !self.in_pieces(s.body.len()) => RpcResponse::Snapshot {
+                        id,
+                        header: s.header.clone(),
+                        body: s.body.clone(),
+                    },
                     // Too large for one response: the header, and the body in pieces.
                     Some(s) if s.body.len() <= MAX_PIECED_BODY_BYTES => {
                         self.open_snapshot_chunks(peer, s.body_hash, now);

@@ -40,6 +40,7 @@ use kindred_proto::{ModelSpec, OutcomePacket, decode_snapshot_header};
 use libp2p::PeerId;
 
 use crate::core::{Output, RequestFailure, RoutingCore};
+use crate::pieces::{Download, Failed, Step};
 use crate::scoring::Severity;
 
 /// Identifies one snapshot fetch.
@@ -80,7 +81,6 @@ pub enum SnapshotError {
 }
 
 pub use crate::pieces::CHUNK_RETRIES;
-use crate::pieces::Download;
 
 /// A snapshot fetch waiting for its response.
 #[derive(Debug)]
@@ -91,14 +91,6 @@ pub(crate) struct SnapshotFetch {
     pub(crate) oldest_round: u64,
     /// A large snapshot's body as it arrives, once its header came.
     pub(crate) download: Option<Download>,
-}
-
-/// What one response did to a fetch.
-enum Step {
-    /// The fetch ends.
-    Done(Result<Box<OutcomePacket>, SnapshotError>),
-    /// Ask for the next piece (or the same one again).
-    Next,
 }
 
 /// Peers allowed one snapshot fetch each, since when: granted by serving them a body. A peer
@@ -247,7 +239,12 @@ impl RoutingCore {
         now: Instant,
     ) {
         match self.snapshot_step(peer, id, &mut pending, result, now) {
-            Step::Next => self.ask_piece(pending),
+            Step::Next => {
+                if let Some(d) = &pending.download {
+                    let id = self.ask_piece(peer, d);
+                    self.snapshot_fetches.insert(id, pending);
+                }
+            }
             Step::Done(result) => {
                 if result.is_ok() {
                     self.scores.reward(&peer, now);
@@ -260,20 +257,6 @@ impl RoutingCore {
         }
     }
 
-    /// Ask for the next piece of `pending`'s body, from where it stopped.
-    fn ask_piece(&mut self, pending: SnapshotFetch) {
-        let Some(d) = &pending.download else {
-            return;
-        };
-        let request = d.request(RequestId(self.next_id()), self.config.chunk_bytes);
-        let peer = pending.peer;
-        self.metrics
-            .request_sent(&peer, RpcKind::Chunk, request.encoded_len());
-        self.snapshot_fetches.insert(request.id(), pending);
-        self.outputs
-            .push_back(Output::SendRequest { peer, request });
-    }
-
     fn snapshot_step(
         &mut self,
         peer: PeerId,
@@ -281,7 +264,7 @@ impl RoutingCore {
         pending: &mut SnapshotFetch,
         result: Result<RpcResponse, RequestFailure>,
         now: Instant,
-    ) -> Step {
+    ) -> Step<Result<Box<OutcomePacket>, SnapshotError>> {
         let kind = if pending.download.is_some() {
             RpcKind::Chunk
         } else {
@@ -289,23 +272,13 @@ impl RoutingCore {
         };
         let response = match result {
             Ok(response) => response,
-            Err(RequestFailure::Protocol(reason)) => {
-                self.metrics.request_failed(kind, reason);
-                self.reject(&peer, reason, Some(Severity::Major), now);
-                return Step::Done(Err(SnapshotError::Invalid(reason)));
-            }
             Err(failure) => {
-                self.count_failure(kind, &failure);
-                // A piece that did not come is asked for again, from where the body stopped.
-                if let Some(d) = pending.download.as_mut()
-                    && d.retry()
-                {
-                    let (at, of) = d.progress();
-                    tracing::debug!(%peer, at, of, failure = failure.label(),
-                        "snapshot piece asked for again");
-                    return Step::Next;
-                }
-                return Step::Done(Err(SnapshotError::Failed(failure.label())));
+                let download = pending.download.as_mut();
+                return match self.transfer_failed(peer, kind, &failure, download, now) {
+                    Failed::Invalid(reason) => Step::Done(Err(SnapshotError::Invalid(reason))),
+                    Failed::Retry => Step::Next,
+                    Failed::GaveUp(label) => Step::Done(Err(SnapshotError::Failed(label))),
+                };
             }
         };
         self.metrics

@@ -589,6 +589,52 @@ fn a_bad_body_is_rejected_and_the_next_candidate_fetched() {
 }
 
 #[test]
+fn providers_whose_headers_could_not_be_read_are_counted() {
+    let now = Instant::now();
+    let (mut nodes, providers) = a_and_two_providers(now);
+    let c_peer = providers[1].0;
+    // C does not answer (behind NAT, its hole punch failed); B does.
+    let (head, tail) = nodes.split_at_mut(1);
+    let a = &mut head[0];
+    let a_peer = a.peer();
+    let query = PartnerQuery::new(a.packet.header.clone(), a.margins.clone(), Arc::new(spec()));
+    let (partners, _) = run_lookup(&mut a.core, query, &providers, now, |peer, req| {
+        if peer == c_peer {
+            return Err(RequestFailure::Timeout);
+        }
+        let node = tail.iter_mut().find(|n| n.peer() == peer).unwrap();
+        Ok(serve(node, a_peer, req, now))
+    });
+    assert_eq!(partners.candidates.len(), 1, "B's header was read");
+    assert_eq!(partners.stats.providers_unread, 1, "C's was not");
+
+    // A header request still waiting at the lookup's deadline is unread too.
+    let query = PartnerQuery::new(a.packet.header.clone(), a.margins.clone(), Arc::new(spec()));
+    let id = a.core.start_lookup(query, now).unwrap();
+    for out in drain(&mut a.core) {
+        if let Output::GetProviders { key, .. } = out {
+            a.core.handle_providers(id, key, [c_peer], now);
+            a.core.handle_key_lookup_done(id, key, 4, now);
+        }
+    }
+    let asked = drain(&mut a.core);
+    assert!(
+        asked
+            .iter()
+            .any(|o| matches!(o, Output::SendRequest { peer, .. } if *peer == c_peer)),
+        "{asked:?}"
+    );
+    let deadline = a.core.poll_timeout().unwrap();
+    a.core.handle_timeout(deadline);
+    let out = drain(&mut a.core);
+    let [Output::LookupFinished { partners, .. }] = out.as_slice() else {
+        panic!("{out:?}");
+    };
+    assert!(partners.stats.timed_out);
+    assert_eq!(partners.stats.providers_unread, 1);
+}
+
+#[test]
 fn candidates_far_below_the_best_are_ranked_but_not_fetched() {
     let now = Instant::now();
     let (mut nodes, providers) = a_and_two_providers(now);

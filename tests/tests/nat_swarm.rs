@@ -43,7 +43,7 @@ fn topology_or_skip() -> Option<Topology> {
 fn log_filter() -> String {
     std::env::var("KINDRED_NAT_TEST_LOG").unwrap_or_else(|_| {
         format!(
-            "{},kindred_routing::driver=debug,libp2p_dcutr=debug",
+            "{},kindred_routing::driver=debug,kindred_node::exchange=debug,libp2p_dcutr=debug",
             kindred_node::DEFAULT_LOG_FILTER
         )
     })
@@ -245,14 +245,17 @@ fn nodes_behind_nat_punch_holes_and_only_dialable_nodes_head_cohorts() {
     assert!(!s_st.no_dialable_peer, "s's cohort has the public node");
 
     // The cone-NAT pair: a cohort with no dialable peer (their status says so), exchanging
-    // over a punched direct connection.
+    // over a punched direct connection. Their logs (searches, punches, the exchange) say why
+    // when they do not.
+    let pair_logs = || format!("a:\n{}\nb:\n{}", a.log(), b.log());
     assert!(
         a_st.no_dialable_peer && b_st.no_dialable_peer,
         "a and b say their cohort has no dialable peer"
     );
     assert!(
         a_st.hole_punches + b_st.hole_punches >= 1,
-        "no hole punched between a and b"
+        "no hole punched between a and b\n{}",
+        pair_logs()
     );
     // Their merges came from each other: pushes and merges, all over a direct connection (no
     // RPC byte crossed a relay, above).
@@ -262,7 +265,11 @@ fn nodes_behind_nat_punch_holes_and_only_dialable_nodes_head_cohorts() {
             .iter()
             .filter(|r| r.partners.iter().any(|p| p == other))
             .count();
-        assert!(with_other >= 10, "{with_other} rounds merged with {other}");
+        assert!(
+            with_other >= 10,
+            "{with_other} rounds merged with {other}\n{}",
+            pair_logs()
+        );
     }
     let pair_merges = [a_st, b_st]
         .iter()
@@ -271,7 +278,8 @@ fn nodes_behind_nat_punch_holes_and_only_dialable_nodes_head_cohorts() {
         .unwrap_or(0);
     assert!(
         pair_merges >= 10,
-        "a and b merged in {pair_merges} rounds only"
+        "a and b merged in {pair_merges} rounds only\n{}",
+        pair_logs()
     );
 }
 

@@ -403,7 +403,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
         })
     }
 
-    /// The driver's search of `round` found providers but read none of their headers: peers
+    /// The driver's search of `round` found providers whose headers it could not read: peers
     /// it could not reach yet (behind NAT, their hole punch under way). A node that is its own
     /// hub then searches again the next round, as after a search that taught it new peers,
     /// rather than at its next scheduled search, up to a key window later.
