@@ -409,7 +409,7 @@ impl Distiller {
         let ef = self.policy.error_feedback;
         let seed = self.sample_seed(round, layer);
         let r = self.residual.get_mut(range).unwrap_or_default();
-        // Layers are ≤ 2^28 elements (validated spec), so lengths fit u32.
+        // Layers are < 2^32 elements (validated spec), so lengths fit u32.
         let len = r.len() as u32;
         let payload = match plan {
             LayerPlan::DenseF16 => {

@@ -37,7 +37,7 @@ impl Layout {
         let mut at = 0usize;
         offsets.push(at);
         for layer in spec.layers() {
-            // A validated spec has ≤ 4096 layers of ≤ 2^28 elements: no overflow on 64-bit.
+            // A validated spec has ≤ 4096 layers of < 2^32 elements: no overflow on 64-bit.
             at = at.saturating_add(usize::try_from(layer.numel()).unwrap_or(usize::MAX));
             offsets.push(at);
         }

@@ -64,9 +64,14 @@ use crate::merged;
 use crate::metrics::NodeMetrics;
 use crate::update_stream::{UpdateDecoder, UpdateError};
 
-/// Largest accepted update body (bytes), whatever the model: 1 GiB, 256M f32 parameters.
-/// [`update_body_cap`] is the (smaller) cap for a given model.
-pub const MAX_UPDATE_BYTES: usize = 1 << 30;
+/// Largest accepted update body (bytes), whatever the model: 16 GiB, 2^32 f32 parameters (on a
+/// 64-bit host). [`update_body_cap`] is the exact cap for a given model, and the body is decoded
+/// as it arrives, so an upload never holds more than the model's update.
+pub const MAX_UPDATE_BYTES: usize = if (usize::MAX as u64) < (16 << 30) {
+    usize::MAX
+} else {
+    (16u64 << 30) as usize
+};
 
 /// Room for the safetensors header in [`update_body_cap`], besides the per-layer allowance:
 /// the 8-byte length prefix, the JSON braces, a `__metadata__` map (PyTorch writers add
@@ -83,8 +88,8 @@ pub const UPDATE_HEADER_PER_LAYER: usize = 512;
 /// An update is a change of the model's parameters over one round; trained weights are of order
 /// one, so a change anywhere near this bound is a bug or an attack, not a training signal. The
 /// bound also keeps everything the merge computes finite in f32: a layer of the largest size
-/// ([`kindred_proto::MAX_LAYER_ELEMS`], 2^28) at this magnitude has a squared norm of about
-/// 2.7e20, far below `f32::MAX` (3.4e38), while a single 3e38 would overflow every norm and
+/// ([`kindred_proto::MAX_LAYER_ELEMS`], 2^32 − 1) at this magnitude has a squared norm of about
+/// 4.3e21, far below `f32::MAX` (3.4e38), while a single 3e38 would overflow every norm and
 /// every weighted sum it enters.
 pub const MAX_ABS_UPDATE_VALUE: f32 = 1.0e6;
 
@@ -984,10 +989,7 @@ mod tests {
         let limits = ApiLimits::default();
         assert_eq!(limits.header_timeout(), Duration::from_secs(10));
         assert_eq!(limits.body_timeout(8 << 20), Duration::from_secs(11));
-        assert_eq!(
-            limits.body_timeout(MAX_UPDATE_BYTES),
-            Duration::from_secs(138)
-        );
+        assert_eq!(limits.body_timeout(1 << 30), Duration::from_secs(138));
         let broken = ApiLimits {
             header_timeout_secs: f64::NAN,
             body_timeout_secs: -1.0,

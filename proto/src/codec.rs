@@ -914,7 +914,7 @@ fn layer_from_wire(
                         len: numel,
                     });
                 }
-                // index < numel ≤ MAX_LAYER_ELEMS < 2^32
+                // index < numel ≤ MAX_LAYER_ELEMS = u32::MAX
                 indices.push(index as u32);
                 prev = index;
             }

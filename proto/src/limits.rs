@@ -39,9 +39,11 @@ pub const MAX_CHUNK_BYTES: usize = 4 << 20;
 /// Most layers a model spec, and therefore a packet body, may have.
 pub const MAX_LAYERS: usize = 4096;
 
-/// Most elements in one layer (2^28). Indices on the wire are `u32`, so this is also what keeps
-/// every index representable.
-pub const MAX_LAYER_ELEMS: u64 = 1 << 28;
+/// Most elements in one layer (2^32 − 1, about 4.3 × 10^9: the embedding of a model of
+/// billions of parameters fits). A layer's length and its indices are `u32` on the wire, so
+/// this is also what keeps every one representable. A dense layer that large is still bounded
+/// by the body limits ([`MAX_PIECED_BODY_BYTES`]): it travels as top-k or sign.
+pub const MAX_LAYER_ELEMS: u64 = u32::MAX as u64;
 
 /// Most dimensions in one layer's shape.
 pub const MAX_DIMS: usize = 8;

@@ -139,7 +139,7 @@ impl ModelSpec {
                 return Err(bad("a dimension is zero"));
             }
             if layer.numel() > MAX_LAYER_ELEMS {
-                return Err(bad("more than 2^28 elements"));
+                return Err(bad("more than 2^32 - 1 elements"));
             }
         }
         let numel = layers.iter().map(LayerSpec::numel).sum();

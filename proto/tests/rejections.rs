@@ -728,3 +728,38 @@ fn every_reason_label_is_distinct() {
     let labels: std::collections::HashSet<_> = errors.iter().map(DecodeError::reason).collect();
     assert_eq!(labels.len(), errors.len());
 }
+
+#[test]
+fn a_layer_of_up_to_u32_max_elements_is_a_valid_spec_and_travels_as_top_k() {
+    // 65,537 × 65,535 = 2^32 − 1: the largest layer whose length and indices fit the wire's u32.
+    let largest = LayerSpec::new("wte.weight", [65_537, 65_535], DType::F32);
+    assert_eq!(largest.numel(), MAX_LAYER_ELEMS);
+    let spec = ModelSpec::new(vec![largest]).unwrap();
+    let too_large = LayerSpec::new("wte.weight", [65_536, 65_536], DType::F32);
+    assert!(ModelSpec::new(vec![too_large]).is_err());
+    // Its top-k packet names its first and last entries, and is checked without allocating it.
+    let top_k = |indices: Vec<u32>| PacketBody {
+        layers: vec![LayerPayload::TopK(TopK {
+            len: u32::MAX,
+            values: vec![1; indices.len()],
+            indices,
+            scale: 0.5,
+        })],
+    };
+    let body = top_k(vec![0, u32::MAX - 1]);
+    let packet = seal(&key(1), &spec, fields(), &body).unwrap();
+    let decoded = OutcomePacket::decode(&packet.header_bytes, &packet.body_bytes, &spec).unwrap();
+    assert_eq!(decoded.body, body);
+    // An index past the layer's end is refused.
+    let past = top_k(vec![u32::MAX]);
+    let mut header = packet.header.header().clone();
+    header.compression = CompressionSummary::of(&past);
+    let bytes = encode_body(&past);
+    let header = decode_header(&forge(header, &bytes, &key(1)))
+        .unwrap()
+        .into_header();
+    assert!(matches!(
+        decode_body(&header, &spec, &bytes),
+        Err(DecodeError::IndexOutOfRange { .. })
+    ));
+}
