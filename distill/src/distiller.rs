@@ -424,7 +424,8 @@ impl Distiller {
             LayerPlan::TopK { k } => {
                 let backend = &self.backend;
                 let sel = match candidates {
-                    Some(c) => backend.topk_candidates(r, c, k),
+                    // The loop below writes every selected entry.
+                    Some(c) => backend.topk_candidates_overwritten(r, c, k),
                     None if self.policy.sampled_topk => backend.topk_sampled(r, k, seed),
                     None => backend.topk_exact(r, k),
                 }
@@ -436,7 +437,7 @@ impl Distiller {
                 let mut indices = Vec::with_capacity(q.len());
                 let mut values = Vec::with_capacity(q.len());
                 for ((&i, &v), &qi) in sel.indices.iter().zip(&sel.values).zip(&q) {
-                    // The selection zeroed these entries; put back what quantisation lost.
+                    // Put back what quantisation lost (the selection may have zeroed the entry).
                     if let Some(slot) = r.get_mut(i as usize) {
                         *slot = v - f32::from(qi) * scale;
                     }

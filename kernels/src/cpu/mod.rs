@@ -322,6 +322,23 @@ pub trait Kernels {
         candidates: Candidates,
         k: usize,
     ) -> Result<Selection, TopKError>;
+
+    /// [`Kernels::topk_candidates`] for a caller that writes every selected entry of `residual`
+    /// itself next (the distiller puts back what quantisation lost): the same selection, with
+    /// the selected entries left as they were or zeroed, as the backend finds cheaper. The CPU
+    /// leaves them, which spares a pass of scattered writes over the layer (at 5% of 2^24
+    /// elements, a tenth of the distiller's time); by default they are zeroed.
+    ///
+    /// # Errors
+    /// As [`Kernels::topk_exact`].
+    fn topk_candidates_overwritten(
+        &self,
+        residual: &mut [f32],
+        candidates: Candidates,
+        k: usize,
+    ) -> Result<Selection, TopKError> {
+        self.topk_candidates(residual, candidates, k)
+    }
 }
 
 impl Kernels for CpuBackend {
@@ -427,6 +444,21 @@ impl Kernels for CpuBackend {
         candidates: Candidates,
         k: usize,
     ) -> Result<Selection, TopKError> {
-        topk::from_candidates(self.parallel(residual.len()), residual, candidates, k)
+        topk::from_candidates(self.parallel(residual.len()), residual, candidates, k, true)
+    }
+
+    fn topk_candidates_overwritten(
+        &self,
+        residual: &mut [f32],
+        candidates: Candidates,
+        k: usize,
+    ) -> Result<Selection, TopKError> {
+        topk::from_candidates(
+            self.parallel(residual.len()),
+            residual,
+            candidates,
+            k,
+            false,
+        )
     }
 }

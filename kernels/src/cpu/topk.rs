@@ -97,15 +97,16 @@ fn histogram(parallel: bool, x: &[f32]) -> Vec<u64> {
     )
 }
 
-/// Keep the `k` largest of `candidates` (by magnitude, then lower index) and zero them in
-/// `residual`. `candidates` are in increasing index order and must include every element at or
-/// above some magnitude that at least `k` of them reach, so their top `k` is the global top `k`.
-/// Keys come from the candidates' own values: nothing is gathered back from `residual`.
+/// Keep the `k` largest of `candidates` (by magnitude, then lower index) and, with `zero`, zero
+/// them in `residual`. `candidates` are in increasing index order and must include every element
+/// at or above some magnitude that at least `k` of them reach, so their top `k` is the global top
+/// `k`. Keys come from the candidates' own values: nothing is gathered back from `residual`.
 fn finish(
     residual: &mut [f32],
     candidates: Candidates,
     k: usize,
     method: SelectMethod,
+    zero: bool,
 ) -> Selection {
     let Candidates {
         mut indices,
@@ -144,7 +145,7 @@ fn finish(
     let mut threshold_bits = u32::MAX;
     for (&i, v) in indices.iter().zip(&values) {
         threshold_bits = threshold_bits.min(v.to_bits() & ABS);
-        if let Some(slot) = residual.get_mut(i as usize) {
+        if zero && let Some(slot) = residual.get_mut(i as usize) {
             *slot = 0.0;
         }
     }
@@ -162,13 +163,14 @@ fn finish(
 
 /// Top-k among `candidates`, which must be *every* entry whose magnitude is at or above some
 /// threshold, in increasing order, with its value (what a scanning pass collects). When they are
-/// at least `k`, their top `k` is the global top `k`; otherwise the exact method runs on the whole
-/// slice.
+/// at least `k`, their top `k` is the global top `k` (zeroed in `residual` with `zero`);
+/// otherwise the exact method runs on the whole slice (and zeroes them).
 pub(super) fn from_candidates(
     parallel: bool,
     residual: &mut [f32],
     candidates: Candidates,
     k: usize,
+    zero: bool,
 ) -> Result<Selection, TopKError> {
     check(residual.len(), k)?;
     if candidates.indices.len() != candidates.values.len()
@@ -190,6 +192,7 @@ pub(super) fn from_candidates(
         candidates,
         k,
         SelectMethod::Sampled { candidates: n },
+        zero,
     ))
 }
 
@@ -232,7 +235,7 @@ fn exact_with(
     }
     let threshold = (bin as u32) << KEY_SHIFT;
     let cand = collect(parallel, residual, threshold);
-    Ok(finish(residual, cand, k, method))
+    Ok(finish(residual, cand, k, method, true))
 }
 
 /// Push the index (offset by `start`) of every element whose magnitude bits are ≥ `threshold`.
@@ -582,7 +585,7 @@ pub(super) fn sampled(
     if cand.values.iter().any(|v| !v.is_finite()) {
         return Err(non_finite(residual));
     }
-    from_candidates(parallel, residual, cand, k)
+    from_candidates(parallel, residual, cand, k, true)
 }
 
 #[cfg(test)]
