@@ -405,8 +405,10 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
 
     /// The driver's search of `round` found providers whose headers it could not read: peers
     /// it could not reach yet (behind NAT, their hole punch under way). A node that is its own
-    /// hub then searches again the next round, as after a search that taught it new peers,
-    /// rather than at its next scheduled search, up to a key window later.
+    /// hub and knows fewer than [`ExchangeConfig::probe_below`] peers then searches again the
+    /// next round, as after a search that taught it new peers, rather than at its next scheduled
+    /// search, up to a key window later. A hub with a cohort does not chase them: a peer that
+    /// left stays a provider of its keys until their window ends.
     ///
     /// ```
     /// use kindred_routing::exchange::{Exchange, ExchangeConfig, Input, Millis, Output};
@@ -428,6 +430,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
     pub fn search_unreached(&mut self, round: u64) {
         if self.round.as_ref().is_some_and(|r| r.number == round)
             && self.view.hub() == *self.view.own()
+            && self.view.cohort().len() < self.config.probe_below
         {
             self.search_again = true;
         }

@@ -890,6 +890,29 @@ fn a_node_that_knows_nobody_searches_in_the_warm_up_at_window_ends_and_every_sea
 }
 
 #[test]
+fn a_search_that_left_providers_unread_is_followed_by_one_while_the_view_is_small() {
+    let cfg = ExchangeConfig {
+        warmup_searches: 1,
+        ..config()
+    };
+    assert_eq!(cfg.probe_below, 3);
+    for (peers, again) in [(vec![], true), (vec![(2, 20), (3, 30), (4, 40)], false)] {
+        let mut node = Node::new(1, 10, cfg.clone());
+        node.view.learn(peers.clone());
+        assert!(searches(&start(&mut node, 0, "p")));
+        let headers = Vec::new();
+        node.handle(Millis(1), Input::SearchDone { round: 0, headers });
+        node.search_unreached(0);
+        node.handle_timeout(Millis(1_000));
+        assert!(finished(&drain(&mut node)).is_some());
+        // Round 1 is no scheduled search.
+        let (asked, report) = idle_round(&mut node, 1);
+        assert_eq!(report.hub, 1);
+        assert_eq!(searches(&asked), again, "{} peers: {asked:?}", peers.len());
+    }
+}
+
+#[test]
 fn a_node_that_lost_every_peer_it_knew_searches_in_its_next_round() {
     let mut node = Node::new(1, 30, config()).with_first_round(0);
     node.view.learn([(2, 20)]);
