@@ -327,7 +327,8 @@ pub trait Kernels {
     /// itself next (the distiller puts back what quantisation lost): the same selection, with
     /// the selected entries left as they were or zeroed, as the backend finds cheaper. The CPU
     /// leaves them, which spares a pass of scattered writes over the layer (at 5% of 2^24
-    /// elements, a tenth of the distiller's time); by default they are zeroed.
+    /// elements, 12% of the distiller's time: `distill_bench`, BENCHMARKS.md); by default they
+    /// are zeroed.
     ///
     /// # Errors
     /// As [`Kernels::topk_exact`].
