@@ -163,13 +163,16 @@ pub fn check_aggregate<'o, 'a>(
 /// from one origin differ by less than either has moved; a scaled, flipped or random model
 /// differs by more. Returns the ratio when it passes.
 ///
+/// The hub's model is read once, in order, so a caller holding it as an update from `origin`
+/// (what a snapshot carries) passes `origin + update` without building it.
+///
 /// ```
 /// use kindred_distill::check_adoption;
 ///
 /// let origin = [0.0, 0.0, 0.0];
 /// let own = [1.0, 0.5, -0.5];
-/// assert!(check_adoption(&own, &[0.8, 0.6, -0.4], &origin, 1.0).is_ok());
-/// assert!(check_adoption(&own, &[-1.0, -0.5, 0.5], &origin, 1.0).is_err()); // flipped
+/// assert!(check_adoption(&own, [0.8, 0.6, -0.4], &origin, 1.0).is_ok());
+/// assert!(check_adoption(&own, [-1.0, -0.5, 0.5], &origin, 1.0).is_err()); // flipped
 /// ```
 ///
 /// # Errors
@@ -177,22 +180,29 @@ pub fn check_aggregate<'o, 'a>(
 /// has not moved from `origin`), or [`AggregateRejection::Norm`] with the ratio.
 pub fn check_adoption(
     own_model: &[f32],
-    hub_model: &[f32],
+    hub_model: impl IntoIterator<Item = f32>,
     origin: &[f32],
     max_ratio: f32,
 ) -> Result<f32, AggregateRejection> {
-    for other in [hub_model, origin] {
-        if other.len() != own_model.len() {
-            return Err(AggregateRejection::Length {
-                expected: own_model.len(),
-                found: other.len(),
-            });
-        }
+    if origin.len() != own_model.len() {
+        return Err(AggregateRejection::Length {
+            expected: own_model.len(),
+            found: origin.len(),
+        });
     }
-    let (mut moved, mut apart) = (0f64, 0f64);
-    for ((&o, &h), &z) in own_model.iter().zip(hub_model).zip(origin) {
+    let mut hub_model = hub_model.into_iter();
+    let (mut moved, mut apart, mut read) = (0f64, 0f64, 0usize);
+    for ((&o, h), &z) in own_model.iter().zip(hub_model.by_ref()).zip(origin) {
         moved += (f64::from(o) - f64::from(z)).powi(2);
         apart += (f64::from(h) - f64::from(o)).powi(2);
+        read += 1;
+    }
+    let found = read + hub_model.count();
+    if found != own_model.len() {
+        return Err(AggregateRejection::Length {
+            expected: own_model.len(),
+            found,
+        });
     }
     if !(moved.is_finite() && apart.is_finite()) || moved == 0.0 {
         return Err(AggregateRejection::NotFinite);
@@ -373,6 +383,26 @@ pub fn check_head(scores: HeadScores) -> Result<Option<f32>, AggregateRejection>
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn an_adoption_check_counts_the_hub_model_it_reads() {
+        let (own, origin) = ([1.0f32, 0.5, -0.5], [0.0f32; 3]);
+        let length = |found| Err(AggregateRejection::Length { expected: 3, found });
+        assert_eq!(check_adoption(&own, [1.0, 0.5], &origin, 1.0), length(2));
+        assert_eq!(check_adoption(&own, [1.0; 5], &origin, 1.0), length(5));
+        assert_eq!(check_adoption(&own, [1.0; 3], &origin[..2], 1.0), length(2));
+        // The same verdict from the model or from the origin plus its update.
+        let origin = [0.25f32, -0.5, 1.0];
+        let own = [1.25f32, 0.0, 0.5];
+        let update = [0.9f32, 0.6, -0.4];
+        let model: Vec<f32> = origin.iter().zip(&update).map(|(o, u)| o + u).collect();
+        let from_update = origin.iter().zip(&update).map(|(o, u)| o + u);
+        assert_eq!(
+            check_adoption(&own, model.iter().copied(), &origin, 1.0),
+            check_adoption(&own, from_update, &origin, 1.0)
+        );
+        assert!(check_adoption(&own, model, &origin, 1.0).is_ok());
+    }
 
     #[test]
     fn bad_shapes_and_values_are_refused() {

@@ -31,6 +31,7 @@ use crate::embed::{Embedded, Embedder, EmbeddingConfig};
 use crate::error::{ConfigError, DistillError, EmbedError};
 use crate::layout::Layout;
 use crate::policy::{LayerPlan, Policy, k_for};
+use crate::source::LayerSource;
 
 /// Largest finite f16: dense f16 payloads clamp to it and error feedback keeps the excess.
 const F16_MAX: f32 = 65504.0;
@@ -207,9 +208,28 @@ impl Distiller {
         self.mean_count
     }
 
-    /// Drop the residual (e.g. after the model was replaced by a checkpoint).
+    /// Drop the residual (e.g. after the model was replaced by a checkpoint, or when a hub's
+    /// merge distiller stops serving a cohort). Its memory goes back to the allocator: a fresh
+    /// zeroed vector, whose pages a large model's allocation leaves unmapped until written.
+    ///
+    /// ```
+    /// use kindred_distill::{Distiller, EmbeddingConfig, Policy};
+    /// use kindred_proto::{DType, LayerSpec, ModelSpec};
+    ///
+    /// let spec = ModelSpec::new(vec![LayerSpec::new("w", [100, 100], DType::F32)])?;
+    /// let mut d = Distiller::new(spec, Policy::default(), EmbeddingConfig::default())?;
+    /// let update: Vec<f32> = (0..10_000).map(|i| (i % 97) as f32 * 1e-3).collect();
+    /// d.distill(&update)?;
+    /// assert!(d.residual().iter().any(|&r| r != 0.0));
+    /// d.reset_residual();
+    /// assert!(d.residual().iter().all(|&r| r == 0.0));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn reset_residual(&mut self) {
-        self.residual.fill(0.0);
+        let len = self.residual.len();
+        // Freed before the new one is allocated: never two residuals at once.
+        self.residual = Vec::new();
+        self.residual = vec![0.0; len];
     }
 
     /// The embedding `update` would get now, without changing any state.
@@ -279,10 +299,43 @@ impl Distiller {
             }
             .into());
         }
+        let mut layers = update;
+        self.distill_from(&mut layers)
+    }
+
+    /// [`Distiller::distill`] of an update read a layer at a time ([`LayerSource`]), each layer
+    /// twice (the validating embedding pass, then the fused pass): a hub distills its merge
+    /// this way, formed a layer at a time and never whole.
+    ///
+    /// ```
+    /// use kindred_distill::{Distiller, EmbeddingConfig, Filled, Policy};
+    /// use kindred_proto::{DType, LayerSpec, ModelSpec};
+    ///
+    /// let spec = ModelSpec::new(vec![LayerSpec::new("w", [100, 100], DType::F32)])?;
+    /// let new = || Distiller::new(spec.clone(), Policy::default(), EmbeddingConfig::default());
+    /// let (mut whole, mut layered) = (new()?, new()?);
+    /// let update: Vec<f32> = (0..10_000).map(|i| ((i * 7919) % 1000) as f32 * 1e-3).collect();
+    /// let mut source = Filled::new(|start: usize, out: &mut [f32]| {
+    ///     out.copy_from_slice(&update[start..start + out.len()])
+    /// });
+    /// assert_eq!(layered.distill_from(&mut source)?.body, whole.distill(&update)?.body);
+    /// assert_eq!(layered.residual(), whole.residual());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Distiller::distill`]: a layer of the wrong length or a non-finite value is refused
+    /// before any state changes.
+    pub fn distill_from(
+        &mut self,
+        update: &mut impl LayerSource,
+    ) -> Result<Distilled, DistillError> {
         // The embedding pass reads the whole update first (a count-sketch per layer, compute-bound
         // at about memory speed) and rejects a NaN or infinity before any residual is touched:
         // it is the validation pass, so the fused pass below need not check again.
-        let embedded = self.embed(update)?;
+        let embedded = self
+            .embedder
+            .embed_layers(&self.layout, update, self.running_mean())?;
         let round = self.round;
         let layer_count = self.layout.layers();
         let mut stats = Vec::with_capacity(layer_count);
@@ -292,8 +345,17 @@ impl Distiller {
         for (layer, range) in ranges.iter().enumerate() {
             let fused_k = self.fused_k(layer, round);
             let seed = self.sample_seed(round, layer);
-            let u = update.get(range.clone()).unwrap_or_default();
+            let u = update.layer(range.clone());
             let r = self.residual.get_mut(range.clone()).unwrap_or_default();
+            if u.len() != r.len() {
+                // A source that read differently the second time; nothing is planned yet, but
+                // the layers before this one took their update.
+                return Err(EmbedError::Length {
+                    expected: self.layout.len(),
+                    found: range.start + u.len(),
+                }
+                .into());
+            }
             let threshold = fused_k.and_then(|k| self.backend.sample_threshold(r, u, k, seed));
             match self.backend.accumulate_fused(r, u, None, threshold) {
                 Ok(fused) => {

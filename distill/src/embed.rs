@@ -23,6 +23,7 @@ use kindred_proto::{Embedding, MAX_SKETCH_LEN, SimHash};
 
 use crate::error::{ConfigError, EmbedError};
 use crate::layout::Layout;
+use crate::source::{LayerSource, Terms};
 
 /// Network-wide embedding parameters: every node of a network must use the same values, or their
 /// embeddings are not comparable.
@@ -196,6 +197,41 @@ impl Embedder {
                 found: t.len(),
             });
         }
+        self.embed_layers(layout, &mut Terms::new(terms), mean)
+    }
+
+    /// Embed the update `source` reads a layer at a time ([`LayerSource`]), centred by `mean`
+    /// when given and [`EmbeddingConfig::center`] is set: what [`Embedder::embed`] does for a
+    /// slice, for an update that is never whole in memory (a hub's merge, formed a layer at a
+    /// time).
+    ///
+    /// ```
+    /// use kindred_distill::{Embedder, EmbeddingConfig, Filled, Layout};
+    /// use kindred_proto::{DType, LayerSpec, ModelSpec};
+    ///
+    /// let spec = ModelSpec::new(vec![LayerSpec::new("w", [8, 8], DType::F32)])?;
+    /// let layout = Layout::new(&spec);
+    /// let embedder = Embedder::new(EmbeddingConfig::default())?;
+    /// let update: Vec<f32> = (0..64).map(|i| (i as f32).cos()).collect();
+    /// let mut source = Filled::new(|start: usize, out: &mut [f32]| {
+    ///     out.copy_from_slice(&update[start..start + out.len()])
+    /// });
+    /// assert_eq!(
+    ///     embedder.embed_layers(&layout, &mut source, None)?,
+    ///     embedder.embed(&layout, &update, None)?,
+    /// );
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`EmbedError`] on a mean of the wrong length or a non-finite value.
+    pub fn embed_layers(
+        &self,
+        layout: &Layout,
+        source: &mut impl LayerSource,
+        mean: Option<&[f32]>,
+    ) -> Result<Embedded, EmbedError> {
+        let expected = layout.len();
         let mean = match mean {
             Some(m) if self.config.center => {
                 if m.len() != expected {
@@ -211,22 +247,14 @@ impl Embedder {
         let dim = self.config.sketch_dim;
         let mut total = vec![0f32; dim];
         let mut scratch = vec![0f32; dim];
-        let mut sum: Vec<f32> = Vec::new();
         for (layer, range) in layout.ranges().enumerate() {
-            let x: &[f32] = match terms {
-                [(t, c)] if *c == 1.0 => t.get(range.clone()).unwrap_or_default(),
-                _ => {
-                    sum.clear();
-                    sum.resize(range.len(), 0.0);
-                    for (t, c) in terms {
-                        let part = t.get(range.clone()).unwrap_or_default();
-                        for (s, &v) in sum.iter_mut().zip(part) {
-                            *s += c * v;
-                        }
-                    }
-                    &sum
-                }
-            };
+            let x = source.layer(range.clone());
+            if x.len() != range.len() {
+                return Err(EmbedError::Length {
+                    expected: layout.len(),
+                    found: range.start + x.len(),
+                });
+            }
             let c = mean.and_then(|m| m.get(range.clone()));
             let sketch = |x: &[f32], c: Option<&[f32]>, scratch: &mut [f32]| {
                 scratch.fill(0.0);

@@ -12,7 +12,8 @@
 //! - [`Embedder`]: the embedding alone (centred, per-layer normalised, count-sketched, SimHashed),
 //!   cheap enough for the simulator to run for thousands of virtual nodes.
 //! - [`synthesize`]: the robust, similarity-weighted merge of the own update with peers', which
-//!   rejects scaled and sign-flipped updates and says why.
+//!   rejects scaled and sign-flipped updates and says why ([`synthesize_with`]: the merge read
+//!   a range at a time, as a hub distills it, never whole).
 //! - [`snapshot`] and [`pull`]: a model as an int8 body (sparse where mostly zero), and the gossip-averaging step that
 //!   moves a node part of the way toward a partner's model (merging updates alone lets models
 //!   drift apart).
@@ -56,6 +57,7 @@ mod embed;
 mod error;
 mod layout;
 mod policy;
+mod source;
 mod state;
 mod synth;
 mod update;
@@ -74,10 +76,11 @@ pub use embed::{Embedded, Embedder, EmbeddingConfig};
 pub use error::{ConfigError, DecodeError, DistillError, EmbedError, RestoreError, SynthError};
 pub use layout::Layout;
 pub use policy::{LayerPlan, Policy};
+pub use source::{Filled, LayerSource};
 pub use state::{DistillerState, EncodedState, STATE_VERSION, f32_le_bytes};
 pub use synth::{
-    Contribution, MergeRule, PeerUpdate, Rejection, SynthConfig, Synthesis, UpdateRef, Verdict,
-    cap_samples, synthesize,
+    Contribution, MergeFill, MergeRule, PeerUpdate, Rejection, SynthConfig, Synthesis, UpdateRef,
+    Verdict, cap_samples, synthesize, synthesize_with,
 };
 pub use update::{SparseUpdate, Update, UpdateBuilder, UpdateView};
 

@@ -329,9 +329,10 @@ impl Verdict {
 /// The merged update and a verdict per peer.
 #[derive(Debug, Clone, PartialEq)]
 #[must_use]
-pub struct Synthesis {
-    /// The merged update, flat in model order.
-    pub merged: Vec<f32>,
+pub struct Synthesis<M = Vec<f32>> {
+    /// The merged update, flat in model order ([`synthesize`]), or what [`synthesize_with`]'s
+    /// caller made of it.
+    pub merged: M,
     /// One verdict per peer, in the order given.
     pub verdicts: Vec<Verdict>,
     /// Peers merged.
@@ -340,7 +341,7 @@ pub struct Synthesis {
     pub reference_norm: f32,
 }
 
-impl Synthesis {
+impl<M> Synthesis<M> {
     /// Rejections counted by [`Rejection::reason`], in first-seen order.
     pub fn rejects_by_reason(&self) -> Vec<(&'static str, usize)> {
         let mut counts: Vec<(&'static str, usize)> = Vec::new();
@@ -435,6 +436,38 @@ pub fn synthesize<O: Contribution, C: Contribution>(
     peers: &[C],
     config: &SynthConfig,
 ) -> Result<Synthesis, SynthError> {
+    synthesize_with(own, peers, config, |m| m.to_vec())
+}
+
+/// [`synthesize`], with the merged update handed to `merge` to read a range at a time
+/// ([`MergeFill`]) rather than built whole: a hub distills its merge from it
+/// ([`crate::Distiller::distill_from`]) with no model-sized vector for the merge itself.
+///
+/// ```
+/// use kindred_distill::{synthesize, synthesize_with, SynthConfig, UpdateRef};
+/// let own = [1.0f32, 0.0, 1.0, 0.5];
+/// let peer = [0.8f32, 0.2, 1.2, 0.4];
+/// let peers = [UpdateRef { update: &peer, samples: 10 }];
+/// let own = UpdateRef { update: &own, samples: 10 };
+/// let config = SynthConfig::default();
+/// // The second half of the merge, without the first.
+/// let half = synthesize_with(own, &peers, &config, |m| {
+///     let mut out = vec![0.0; 2];
+///     m.fill(2, &mut out);
+///     out
+/// })?;
+/// assert_eq!(half.merged, synthesize(own, &peers, &config)?.merged[2..]);
+/// # Ok::<(), kindred_distill::SynthError>(())
+/// ```
+///
+/// # Errors
+/// As [`synthesize`].
+pub fn synthesize_with<O: Contribution, C: Contribution, M>(
+    own: O,
+    peers: &[C],
+    config: &SynthConfig,
+    merge: impl FnOnce(&MergeFill<'_>) -> M,
+) -> Result<Synthesis<M>, SynthError> {
     config.validate()?;
     let own_samples = own.samples();
     let own = own.update();
@@ -539,7 +572,7 @@ pub fn synthesize<O: Contribution, C: Contribution>(
         accepted.push((i, scale, cosine));
     }
 
-    let merged = match config.rule {
+    let rule = match config.rule {
         MergeRule::WeightedMean => {
             let own_claim = own_samples.clamp(1, MAX_SAMPLES);
             let own_w = own_claim as f64;
@@ -570,23 +603,12 @@ pub fn synthesize<O: Contribution, C: Contribution>(
                 .zip(&weights)
                 .filter_map(|(&(i, scale, _), &w)| Some((peers.get(i)?.update(), w * scale)))
                 .collect();
-            // Each element summed in f64 (own first, then the peers in order), a block at a
-            // time: a model-sized f64 accumulator would be twice the merge's memory.
-            const BLOCK: usize = 1 << 14;
-            let mut merged = vec![0f32; own.len()];
-            let mut acc = vec![0f64; BLOCK.min(own.len())];
-            for (start, out) in (0..).step_by(BLOCK).zip(merged.chunks_mut(BLOCK)) {
-                let acc = &mut acc[..out.len()];
-                acc.fill(0.0);
-                own.add_scaled(start, own_w, acc);
-                for &(update, f) in &factors {
-                    update.add_scaled(start, f, acc);
-                }
-                for (o, &a) in out.iter_mut().zip(acc.iter()) {
-                    *o = (a / total) as f32;
-                }
+            Rule::Weighted {
+                own,
+                own_w,
+                factors,
+                total,
             }
-            merged
         }
         MergeRule::TrimmedMean { trim } => {
             let rows: Vec<(UpdateView<'_>, f32)> =
@@ -597,19 +619,13 @@ pub fn synthesize<O: Contribution, C: Contribution>(
                     .collect();
             let m = rows.len();
             let cut = ((m as f32 * trim).floor() as usize).min((m - 1) / 2);
-            let keep = (m - 2 * cut) as f32;
-            let mut column = vec![0f32; m];
-            (0..own.len())
-                .map(|j| {
-                    for (c, (row, scale)) in column.iter_mut().zip(&rows) {
-                        *c = row.get(j) * scale;
-                    }
-                    column.sort_by(f32::total_cmp);
-                    column.iter().skip(cut).take(m - 2 * cut).sum::<f32>() / keep
-                })
-                .collect()
+            Rule::Trimmed { rows, cut }
         }
     };
+    let merged = merge(&MergeFill {
+        len: own.len(),
+        rule,
+    });
 
     let verdicts: Vec<Verdict> = verdicts
         .into_iter()
@@ -628,6 +644,100 @@ pub fn synthesize<O: Contribution, C: Contribution>(
         accepted: n_accepted,
         reference_norm: reference as f32,
     })
+}
+
+/// The merged update of a [`synthesize_with`] call, read a range at a time: each element is
+/// computed as [`synthesize`] computes it, whatever the ranges.
+#[derive(Debug)]
+pub struct MergeFill<'a> {
+    len: usize,
+    rule: Rule<'a>,
+}
+
+#[derive(Debug)]
+enum Rule<'a> {
+    /// `(own_w · own + Σ factor · peer) / total`, summed in f64, the own update first.
+    Weighted {
+        own: UpdateView<'a>,
+        own_w: f64,
+        factors: Vec<(UpdateView<'a>, f64)>,
+        total: f64,
+    },
+    /// Per coordinate, the mean of the scaled rows left after cutting `cut` from each end.
+    Trimmed {
+        rows: Vec<(UpdateView<'a>, f32)>,
+        cut: usize,
+    },
+}
+
+impl MergeFill<'_> {
+    /// Elements of the merged update.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the merged update has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Write the merged update's elements `start..start + out.len()` into `out` (zeros past
+    /// its end).
+    pub fn fill(&self, start: usize, out: &mut [f32]) {
+        out.fill(0.0);
+        let end = start.saturating_add(out.len()).min(self.len);
+        let Some(out) = out.get_mut(..end.saturating_sub(start)) else {
+            return;
+        };
+        match &self.rule {
+            Rule::Weighted {
+                own,
+                own_w,
+                factors,
+                total,
+            } => {
+                // Each element summed in f64 (own first, then the peers in order), a block at a
+                // time: a model-sized f64 accumulator would be twice the merge's memory.
+                const BLOCK: usize = 1 << 14;
+                let mut acc = vec![0f64; BLOCK.min(out.len())];
+                for (at, out) in (start..).step_by(BLOCK).zip(out.chunks_mut(BLOCK)) {
+                    let acc = &mut acc[..out.len()];
+                    acc.fill(0.0);
+                    own.add_scaled(at, *own_w, acc);
+                    for &(update, f) in factors {
+                        update.add_scaled(at, f, acc);
+                    }
+                    for (o, &a) in out.iter_mut().zip(acc.iter()) {
+                        *o = (a / total) as f32;
+                    }
+                }
+            }
+            Rule::Trimmed { rows, cut } => {
+                let m = rows.len();
+                let keep = m.saturating_sub(2 * cut);
+                let mut column = vec![0f32; m];
+                for (j, o) in (start..).zip(out.iter_mut()) {
+                    for (c, (row, scale)) in column.iter_mut().zip(rows) {
+                        *c = row.get(j) * scale;
+                    }
+                    column.sort_by(f32::total_cmp);
+                    *o = column.iter().skip(*cut).take(keep).sum::<f32>() / keep as f32;
+                }
+            }
+        }
+    }
+
+    /// The whole merged update.
+    pub fn to_vec(&self) -> Vec<f32> {
+        let mut merged = vec![0f32; self.len];
+        self.fill(0, &mut merged);
+        merged
+    }
+
+    /// The merged update as a [`crate::LayerSource`], formed a layer at a time.
+    pub fn source(&self) -> crate::Filled<impl FnMut(usize, &mut [f32]) + '_> {
+        crate::Filled::new(|start, out: &mut [f32]| self.fill(start, out))
+    }
 }
 
 /// The merge weights of sample-count `claims`: each claim clamped to

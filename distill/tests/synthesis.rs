@@ -16,6 +16,18 @@ fn refs<'a>(updates: impl IntoIterator<Item = &'a [f32]>, samples: u64) -> Vec<U
         .collect()
 }
 
+/// The default configuration under each merge rule.
+fn both_rules() -> [SynthConfig; 2] {
+    [
+        MergeRule::WeightedMean,
+        MergeRule::TrimmedMean { trim: 0.2 },
+    ]
+    .map(|rule| SynthConfig {
+        rule,
+        ..SynthConfig::default()
+    })
+}
+
 fn honest(n: usize, own: &[f32], seed: u64) -> Vec<f32> {
     common::mix(own, &common::update(n, seed), 0.5)
 }
@@ -27,14 +39,8 @@ fn rejects_scaled_and_sign_flipped_peers_under_both_rules() {
     let good: Vec<Vec<f32>> = (0..4).map(|s| honest(n, &own, 10 + s)).collect();
     let scaled: Vec<f32> = good[0].iter().map(|x| x * 100.0).collect();
     let flipped: Vec<f32> = good[1].iter().map(|x| -x).collect();
-    for rule in [
-        MergeRule::WeightedMean,
-        MergeRule::TrimmedMean { trim: 0.2 },
-    ] {
-        let config = SynthConfig {
-            rule,
-            ..SynthConfig::default()
-        };
+    for config in both_rules() {
+        let rule = config.rule;
         let mut peers: Vec<UpdateRef<'_>> = good
             .iter()
             .map(|g| UpdateRef {
@@ -370,4 +376,63 @@ fn accepted_peers_come_best_agreement_first() {
     .unwrap();
     assert_eq!(out.accepted_by_agreement(), vec![0, 2, 3, 1]);
     assert!(!out.verdicts[4].is_accepted());
+}
+
+#[test]
+fn a_merge_distilled_as_it_is_formed_is_the_whole_merge_distilled() {
+    use kindred_distill::{
+        Distiller, EmbeddingConfig, PeerUpdate, Policy, Update, decode_update, synthesize_with,
+    };
+    let spec = common::spec();
+    let n = spec.numel() as usize;
+    for config in both_rules() {
+        let rule = config.rule;
+        let new = || Distiller::new(spec.clone(), Policy::hub(), EmbeddingConfig::default());
+        let (mut whole, mut formed) = (new().unwrap(), new().unwrap());
+        let mut sender = new().unwrap();
+        for round in 0..4u64 {
+            // Members' pushes as a hub holds them: decoded top-k packets (sparse).
+            let pushes: Vec<Update> = (0..5)
+                .map(|k| {
+                    let own = honest(n, &common::update(n, round), round * 10 + k);
+                    let body = sender.distill(&own).unwrap().body;
+                    decode_update(&body, &spec).unwrap()
+                })
+                .collect();
+            let own = decode_update(
+                &sender.distill(&common::update(n, round)).unwrap().body,
+                &spec,
+            )
+            .unwrap();
+            let peers: Vec<PeerUpdate<'_>> = pushes
+                .iter()
+                .map(|update| PeerUpdate {
+                    update,
+                    samples: 32,
+                })
+                .collect();
+            let own = PeerUpdate {
+                update: &own,
+                samples: 32,
+            };
+            let a = synthesize(own, &peers, &config).unwrap();
+            let expected = whole.distill(&a.merged).unwrap();
+            let b = synthesize_with(own, &peers, &config, |m| {
+                assert_eq!(m.to_vec(), a.merged, "{rule:?}");
+                formed.distill_from(&mut m.source()).unwrap()
+            })
+            .unwrap();
+            assert_eq!(b.verdicts, a.verdicts, "{rule:?} round {round}");
+            assert_eq!(b.merged.body, expected.body, "{rule:?} round {round}");
+            assert_eq!(
+                b.merged.embedding, expected.embedding,
+                "{rule:?} round {round}"
+            );
+            assert_eq!(
+                formed.residual(),
+                whole.residual(),
+                "{rule:?} round {round}"
+            );
+        }
+    }
 }

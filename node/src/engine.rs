@@ -656,17 +656,20 @@ impl Engine {
     /// update since the common initial model). Returns what changed: the update an external
     /// trainer applies to follow.
     ///
+    /// `adopt` is consumed: its buffer becomes the change returned (or the new parameters), so
+    /// adopting a model holds no vector of the model's size beyond it and the node's own.
+    ///
     /// # Errors
     /// [`EngineError::Model`] when the model cannot take the parameters; nothing changes then.
     pub fn apply(
         &mut self,
-        adopt: Option<&[f32]>,
+        adopt: Option<Vec<f32>>,
         update: Option<UpdateView<'_>>,
     ) -> Result<Update, EngineError> {
+        let mut entries = update.into_iter().flat_map(|u| u.nonzero()).peekable();
         if matches!(self.source, Source::External { .. }) {
             // In place, the same arithmetic as the built-in model's path below without a
             // second model-sized vector (what a large external model's round peaks on).
-            let mut entries = update.into_iter().flat_map(|u| u.nonzero()).peekable();
             return Ok(match adopt {
                 // Only where the update is nonzero does anything change: a merge's few
                 // percent of entries.
@@ -681,34 +684,38 @@ impl Engine {
                     }
                     delta.finish()
                 }
-                // A hub's model replaces every parameter.
-                Some(cumulative) => {
-                    let mut delta = vec![0.0f32; self.base.len()];
-                    let starts = self.origin.iter().zip(cumulative);
-                    for (i, ((b, d), (o, c))) in
-                        self.base.iter_mut().zip(&mut delta).zip(starts).enumerate()
-                    {
-                        let mut n = o + c;
+                // A hub's model replaces every parameter; its buffer turns into the change.
+                Some(mut cumulative) => {
+                    if cumulative.len() != self.base.len() {
+                        return Err(EngineError::Checkpoint(format!(
+                            "the hub's model has {} values, this one {}",
+                            cumulative.len(),
+                            self.base.len()
+                        )));
+                    }
+                    let starts = self.origin.iter().zip(&mut cumulative);
+                    for (i, (b, (o, c))) in self.base.iter_mut().zip(starts).enumerate() {
+                        let mut n = o + *c;
                         if let Some((_, u)) = entries.next_if(|&(j, _)| j == i) {
                             n += u;
                         }
-                        *d = n - *b;
+                        *c = n - *b;
                         *b = n;
                     }
-                    Update::from_dense(delta)
+                    Update::from_dense(cumulative)
                 }
             });
         }
         let mut next = match adopt {
-            Some(cumulative) => self
-                .origin
-                .iter()
-                .zip(cumulative)
-                .map(|(o, c)| o + c)
-                .collect(),
+            Some(mut cumulative) => {
+                for (c, o) in cumulative.iter_mut().zip(&self.origin) {
+                    *c += o;
+                }
+                cumulative
+            }
             None => self.base.clone(),
         };
-        for (i, u) in update.into_iter().flat_map(|u| u.nonzero()) {
+        for (i, u) in entries {
             if let Some(n) = next.get_mut(i) {
                 *n += u;
             }
@@ -873,7 +880,9 @@ mod tests {
             .collect();
         for merge in [Update::Dense(dense_merge), Update::from_dense(sparse_merge)] {
             let before = e.base.clone();
-            let delta = e.apply(Some(&cumulative), Some(merge.view())).unwrap();
+            let delta = e
+                .apply(Some(cumulative.clone()), Some(merge.view()))
+                .unwrap();
             assert!(!delta.is_sparse());
             let expected: Vec<f32> = e
                 .origin

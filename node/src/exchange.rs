@@ -15,8 +15,9 @@
 //!   stands for itself; a member pushed to answers with its hub ([`HubAnswer::NotHub`]) and the
 //!   pusher follows.
 //! - **Compute**, inline on the round's task: a hub merges its own sent update with its
-//!   admitted members' (`kindred_distill::synthesize`) and distills the merge with a distiller of
-//!   its own (its own error feedback), sealed under the merge domain
+//!   admitted members' (`kindred_distill::synthesize_with`) and distills the merge a layer at a
+//!   time as it is formed, with a distiller of its own (its own error feedback; released when
+//!   a round passes without a merge), sealed under the merge domain
 //!   ([`kindred_proto::seal_merge`]); a member checks a merge by direction and norm against its
 //!   own sent update (`check_aggregate`), by its output layer against the node's labels
 //!   (`check_head`) and, when the core asks, on its own training shard (`check_by_data`); a
@@ -43,7 +44,7 @@ use futures::stream::FuturesUnordered;
 use kindred_distill::{
     AggregateCheck, AggregateRejection, Distiller, DistillerState, MIN_GAIN_SHARE, PeerUpdate,
     ShardScores, Update, UpdateView, check_adoption, check_aggregate, check_by_data, check_head,
-    decode, decode_update, synthesize,
+    decode, decode_update, synthesize_with,
 };
 use kindred_proto::{Embedding, HeaderFields, ModelSpec, OutcomePacket, seal_merge};
 use kindred_routing::exchange::{
@@ -228,6 +229,11 @@ pub struct HubDriver {
     inbox: mpsc::Receiver<InboundExchange>,
     /// The hub's merge distiller (its own error feedback).
     distiller: Distiller,
+    /// Whether that distiller's residual holds anything: set by a merge, cleared when the node
+    /// ends a round without having merged (the residual is released then, not kept).
+    merge_residual: bool,
+    /// The last round the node merged in.
+    merged_round: Option<u64>,
     check: AggregateCheck,
     blobs: HashMap<Handle, Blob>,
     next_handle: Handle,
@@ -305,6 +311,8 @@ impl HubDriver {
             spec: engine.spec().clone(),
             routing,
             inbox,
+            merge_residual: distiller.round() > 0,
+            merged_round: None,
             distiller,
             check: AggregateCheck::default(),
             blobs: HashMap::new(),
@@ -419,7 +427,9 @@ impl HubDriver {
             snapshot: self.core.snapshot(),
         };
         let bytes = postcard::to_allocvec(&record).map_err(|e| HubError::State(e.to_string()))?;
-        let blob = if self.distiller.round() > 0 {
+        // A released residual is not written (a zero vector the model's size each round); the
+        // distiller then restarts its round count with the node.
+        let blob = if self.merge_residual && self.distiller.round() > 0 {
             Some(store.put_blob_parts(&self.distiller.encoded_state().parts())?)
         } else {
             None
@@ -1123,20 +1133,44 @@ impl HubDriver {
             }
         }
         let synth = kindred_distill::SynthConfig::for_hub(refs.len());
-        let synthesis = match synthesize(
-            PeerUpdate {
-                update: sent,
-                samples: *samples,
-            },
-            &refs,
-            &synth,
-        ) {
+        // The merge is distilled as it is formed, a layer at a time: never whole in memory (at a
+        // large model's size, one model less at the hub's peak). A built-in trainer's data
+        // check reads the merge whole, and so does the adversary's tampering.
+        let whole = !engine.is_external() || cfg!(feature = "adversary");
+        let distiller = &mut self.distiller;
+        #[cfg(feature = "adversary")]
+        let spec = &self.spec;
+        let own_update = PeerUpdate {
+            update: sent,
+            samples: *samples,
+        };
+        let synthesis = match synthesize_with(own_update, &refs, &synth, |m| {
+            if !whole {
+                return (distiller.distill_from(&mut m.source()), None);
+            }
+            #[cfg_attr(not(feature = "adversary"), allow(unused_mut))]
+            let mut merged = m.to_vec();
+            #[cfg(feature = "adversary")]
+            let raw = {
+                let clean = merged.clone();
+                adversary::tamper(&mut merged, spec);
+                clean
+            };
+            let distilled = distiller.distill(&merged);
+            // What the hub's own data checks: the merge it made (a lying hub checks the
+            // honest one).
+            #[cfg(not(feature = "adversary"))]
+            let raw = merged;
+            (distilled, Some(raw))
+        }) {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(round, error = %e, "hub cannot merge");
                 return Ok(None);
             }
         };
+        self.merge_residual = true;
+        self.merged_round = Some(round);
         let contributors: Vec<PeerId> = synthesis
             .accepted_by_agreement()
             .into_iter()
@@ -1147,16 +1181,8 @@ impl HubDriver {
                 tracing::debug!(round, member = %p, reason = r.reason(), "hub leaves a push out");
             }
         }
-        #[cfg(feature = "adversary")]
-        let synthesis = {
-            let mut s = synthesis;
-            let raw = s.merged.clone();
-            adversary::tamper(&mut s.merged, &self.spec);
-            (s, raw)
-        };
-        #[cfg(feature = "adversary")]
-        let (synthesis, clean) = synthesis;
-        let distilled = match self.distiller.distill(&synthesis.merged) {
+        let (distilled, raw) = synthesis.merged;
+        let distilled = match distilled {
             Ok(d) => d,
             Err(e) => {
                 tracing::warn!(round, error = %e, "hub cannot distill its merge");
@@ -1175,11 +1201,6 @@ impl HubDriver {
             // Members learn the hub's cosine with their push from the merge response.
             embedding: Embedding::default(),
         };
-        // What the hub's own data checks: the merge it made (a lying hub checks the honest one).
-        #[cfg(feature = "adversary")]
-        let raw = clean;
-        #[cfg(not(feature = "adversary"))]
-        let raw = synthesis.merged;
         let sealed = match seal_merge(engine.keypair(), &self.spec, fields, &distilled.body) {
             Ok(s) => s,
             Err(e) => {
@@ -1192,7 +1213,7 @@ impl HubDriver {
         Ok(Some(Blob::Merge {
             update,
             // Only the hub's own data check reads it (none with an external trainer).
-            raw: (!engine.is_external()).then_some(raw),
+            raw: raw.filter(|_| !engine.is_external()),
             sealed: Some((sealed.header_bytes, sealed.body_bytes)),
             contributors,
         }))
@@ -1206,18 +1227,19 @@ impl HubDriver {
         let Some(Blob::Model(Some(cumulative))) = self.blobs.get(&model) else {
             return Ok(ModelVerdict::Keep);
         };
-        let offered: Vec<f32> = engine
-            .origin()
-            .iter()
-            .zip(cumulative)
-            .map(|(o, c)| o + c)
-            .collect();
+        // The hub's model, `origin + cumulative`, is read where needed rather than built: at a
+        // large model's size it would be one more model beside the fetched one.
+        let offered = |engine: &Engine| -> Vec<f32> {
+            let origin = engine.origin().iter();
+            origin.zip(cumulative).map(|(o, c)| o + c).collect()
+        };
         let own = |engine: &Engine| engine.base().to_vec();
-        if let Some(share) = data_refuses(engine, own, |_| offered.clone())? {
+        if let Some(share) = data_refuses(engine, own, offered)? {
             tracing::debug!(share, "the node's data refuses the hub's model");
             return Ok(ModelVerdict::Refuse);
         }
-        if let Err(e) = check_adoption(engine.base(), &offered, engine.origin(), ADOPT_MAX_RATIO) {
+        let offered = engine.origin().iter().zip(cumulative).map(|(o, c)| o + c);
+        if let Err(e) = check_adoption(engine.base(), offered, engine.origin(), ADOPT_MAX_RATIO) {
             tracing::debug!(error = %e, "hub model kept at a distance");
             return Ok(ModelVerdict::Keep);
         }
@@ -1301,8 +1323,22 @@ impl HubDriver {
         .into();
         self.stats.hub = report.hub.to_string();
         self.stats.missed = report.missed;
-        let model = |h: &Handle| match self.blobs.get(h) {
-            Some(Blob::Model(Some(m))) => Some(m.as_slice()),
+        if self.merge_residual && self.merged_round != Some(report.round) {
+            // What the node's merges left unsent was the cohort's it served, which it did not
+            // serve this round (it follows another hub, or had no members): dropped rather than
+            // added to a later cohort's merge, and its memory (one model) freed. The
+            // simulator's driver does the same.
+            self.distiller.reset_residual();
+            self.merge_residual = false;
+            tracing::debug!(hub = %report.hub, "merge residual released");
+        }
+        // The hub's model to adopt leaves the round's blobs (cleared after this): the engine
+        // turns its buffer into the change rather than allocating one more model.
+        let adopt = match &report.apply {
+            Apply::Merge { adopt: Some(h), .. } | Apply::Adopt(h) => match self.blobs.remove(h) {
+                Some(Blob::Model(Some(m))) => Some(m),
+                _ => None,
+            },
             _ => None,
         };
         let update = |h: &Handle| match self.blobs.get(h) {
@@ -1312,8 +1348,7 @@ impl HubDriver {
         };
         let (applied, delta) = match &report.apply {
             Apply::Own(p) => ("own", engine.apply(None, update(p))?),
-            Apply::Merge { merge, adopt } => {
-                let adopt = adopt.as_ref().and_then(model);
+            Apply::Merge { merge, .. } => {
                 let label = if adopt.is_some() {
                     "adopt+merge"
                 } else {
@@ -1324,7 +1359,7 @@ impl HubDriver {
                 }
                 (label, engine.apply(adopt, update(merge))?)
             }
-            Apply::Adopt(m) => ("adopt", engine.apply(model(m), None)?),
+            Apply::Adopt(_) => ("adopt", engine.apply(adopt, None)?),
             Apply::Nothing => ("nothing", engine.apply(None, None)?),
         };
         self.stats.applied = applied.into();

@@ -125,6 +125,11 @@ pub(super) struct Hubs {
     saved: Vec<Option<Snapshot<u32>>>,
     /// Whether the node served a merge in its last round (a hub that may crash).
     served: Vec<bool>,
+    /// Whether the node made a merge this round (as a hub or a tree's sub-hub): one that made
+    /// none releases its merge distiller's residual at the round's end, as the node does.
+    merging: Vec<bool>,
+    /// Whether the node's merge distiller holds a residual (it merged since its last release).
+    holding: Vec<bool>,
     /// The hub each node pushed to (or was) in its last exchange round.
     last_hub: Vec<Option<u32>>,
 }
@@ -207,6 +212,8 @@ impl Hubs {
             down_until: vec![0; n],
             saved: vec![None; n],
             served: vec![false; n],
+            merging: vec![false; n],
+            holding: vec![false; n],
             last_hub: vec![None; n],
         }
     }
@@ -473,6 +480,16 @@ pub(super) fn exchange(
     let depth_max = (0..n).map(|i| root(&reports, i).1).max().unwrap_or(0);
     let largest_tree_share = largest_tree_share_min(&reports, data);
     for (i, (m, report)) in merged.iter_mut().zip(reports).enumerate() {
+        // What a node's merges left unsent belonged to the cohort it served; a round in which
+        // it served none drops it (the node's driver: `HubDriver::finish`).
+        let merging = hubs.merging.get_mut(i).is_some_and(std::mem::take);
+        if !merging
+            && let Some(holding) = hubs.holding.get_mut(i)
+            && std::mem::take(holding)
+            && let Some(Some(d)) = hubs.distillers.get_mut(i)
+        {
+            d.reset_residual();
+        }
         let sent = (r.sent)(i);
         if let Some(core) = hubs.cores.get(i) {
             m.candidates = core.cohort().len();
@@ -1094,10 +1111,16 @@ impl Driver<'_, '_, '_, '_> {
             .into_iter()
             .map(|j| {
                 let d = match &j {
-                    Job::Merge { node, .. } => hubs
-                        .distillers
-                        .get_mut(*node as usize)
-                        .and_then(Option::take),
+                    Job::Merge { node, .. } => {
+                        for flags in [&mut hubs.merging, &mut hubs.holding] {
+                            if let Some(f) = flags.get_mut(*node as usize) {
+                                *f = true;
+                            }
+                        }
+                        hubs.distillers
+                            .get_mut(*node as usize)
+                            .and_then(Option::take)
+                    }
                     _ => None,
                 };
                 (j, d)
@@ -1375,7 +1398,7 @@ impl Driver<'_, '_, '_, '_> {
             tracing::debug!(node = i, share, "its data refuses the hub's model");
             return Ok(ModelVerdict::Refuse);
         }
-        if let Err(e) = check_adoption(own, model, self.origin, ADOPT_MAX_RATIO) {
+        if let Err(e) = check_adoption(own, model.iter().copied(), self.origin, ADOPT_MAX_RATIO) {
             tracing::debug!(node = i, %e, "hub model kept at a distance");
             return Ok(ModelVerdict::Keep);
         }
