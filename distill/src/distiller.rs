@@ -487,7 +487,7 @@ impl Distiller {
                 let backend = &self.backend;
                 let sel = match candidates {
                     // The loop below writes every selected entry.
-                    Some(c) => backend.topk_candidates_overwritten(r, c, k),
+                    Some(c) => backend.topk_candidates(r, c, k),
                     None if self.policy.sampled_topk => backend.topk_sampled(r, k, seed),
                     None => backend.topk_exact(r, k),
                 }

@@ -38,7 +38,8 @@ impl LayerSource for &[f32] {
 }
 
 /// An update that a function writes a layer at a time into a reused buffer:
-/// `fill(start, out)` writes the values at positions `start..start + out.len()`.
+/// `fill(start, out)` writes every value at positions `start..start + out.len()` (the buffer
+/// holds the last layer's values before, not zeros).
 #[derive(Debug)]
 pub struct Filled<F> {
     fill: F,
@@ -57,7 +58,6 @@ impl<F: FnMut(usize, &mut [f32])> Filled<F> {
 
 impl<F: FnMut(usize, &mut [f32])> LayerSource for Filled<F> {
     fn layer(&mut self, range: Range<usize>) -> &[f32] {
-        self.buffer.clear();
         self.buffer.resize(range.len(), 0.0);
         (self.fill)(range.start, &mut self.buffer);
         &self.buffer

@@ -684,11 +684,9 @@ impl MergeFill<'_> {
     /// Write the merged update's elements `start..start + out.len()` into `out` (zeros past
     /// its end).
     pub fn fill(&self, start: usize, out: &mut [f32]) {
-        out.fill(0.0);
         let end = start.saturating_add(out.len()).min(self.len);
-        let Some(out) = out.get_mut(..end.saturating_sub(start)) else {
-            return;
-        };
+        let (out, past) = out.split_at_mut(end.saturating_sub(start).min(out.len()));
+        past.fill(0.0);
         match &self.rule {
             Rule::Weighted {
                 own,

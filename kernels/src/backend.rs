@@ -231,15 +231,6 @@ impl Kernels for Backend {
     ) -> Result<Selection, TopKError> {
         dispatch!(self, b => b.topk_candidates(residual, candidates, k))
     }
-
-    fn topk_candidates_overwritten(
-        &self,
-        residual: &mut [f32],
-        candidates: Candidates,
-        k: usize,
-    ) -> Result<Selection, TopKError> {
-        dispatch!(self, b => b.topk_candidates_overwritten(residual, candidates, k))
-    }
 }
 
 #[cfg(test)]

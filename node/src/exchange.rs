@@ -1148,20 +1148,18 @@ impl HubDriver {
             if !whole {
                 return (distiller.distill_from(&mut m.source()), None);
             }
-            #[cfg_attr(not(feature = "adversary"), allow(unused_mut))]
-            let mut merged = m.to_vec();
+            // What the hub's own data checks: the merge it made (a lying hub checks the honest
+            // one and serves another).
+            let raw = m.to_vec();
             #[cfg(feature = "adversary")]
-            let raw = {
-                let clean = merged.clone();
-                adversary::tamper(&mut merged, spec);
-                clean
+            let served = {
+                let mut served = raw.clone();
+                adversary::tamper(&mut served, spec);
+                served
             };
-            let distilled = distiller.distill(&merged);
-            // What the hub's own data checks: the merge it made (a lying hub checks the
-            // honest one).
             #[cfg(not(feature = "adversary"))]
-            let raw = merged;
-            (distilled, Some(raw))
+            let served = &raw;
+            (distiller.distill(&served), Some(raw))
         }) {
             Ok(s) => s,
             Err(e) => {

@@ -308,7 +308,11 @@ pub trait Kernels {
 
     /// Finish a top-k from the `candidates` of [`Kernels::accumulate_fused`]: the exact top `k`
     /// of them when there are at least `k` (which is then the global top `k`), otherwise
-    /// [`Kernels::topk_exact`] on the whole slice. The selected entries are zeroed.
+    /// [`Kernels::topk_exact`] on the whole slice. The selected entries are left for the caller
+    /// to overwrite (the distiller puts back what quantisation lost): each is left as it was or
+    /// zeroed, as the backend finds cheaper. The CPU leaves them when it selects from the
+    /// candidates, which spares a pass of scattered writes over the layer (at 5% of 2^24
+    /// elements, 12% of the distiller's time: `distill_bench`, BENCHMARKS.md).
     ///
     /// `candidates` must be every entry whose magnitude reaches some threshold, with its value in
     /// `residual`, increasing (as [`Kernels::accumulate_fused`] returns them). Inconsistent
@@ -322,24 +326,6 @@ pub trait Kernels {
         candidates: Candidates,
         k: usize,
     ) -> Result<Selection, TopKError>;
-
-    /// [`Kernels::topk_candidates`] for a caller that writes every selected entry of `residual`
-    /// itself next (the distiller puts back what quantisation lost): the same selection, with
-    /// the selected entries left as they were or zeroed, as the backend finds cheaper. The CPU
-    /// leaves them, which spares a pass of scattered writes over the layer (at 5% of 2^24
-    /// elements, 12% of the distiller's time: `distill_bench`, BENCHMARKS.md); by default they
-    /// are zeroed.
-    ///
-    /// # Errors
-    /// As [`Kernels::topk_exact`].
-    fn topk_candidates_overwritten(
-        &self,
-        residual: &mut [f32],
-        candidates: Candidates,
-        k: usize,
-    ) -> Result<Selection, TopKError> {
-        self.topk_candidates(residual, candidates, k)
-    }
 }
 
 impl Kernels for CpuBackend {
@@ -440,15 +426,6 @@ impl Kernels for CpuBackend {
     }
 
     fn topk_candidates(
-        &self,
-        residual: &mut [f32],
-        candidates: Candidates,
-        k: usize,
-    ) -> Result<Selection, TopKError> {
-        topk::from_candidates(self.parallel(residual.len()), residual, candidates, k, true)
-    }
-
-    fn topk_candidates_overwritten(
         &self,
         residual: &mut [f32],
         candidates: Candidates,

@@ -231,14 +231,4 @@ impl Kernels for CudaBackend {
     ) -> Result<Selection, TopKError> {
         self.cpu().topk_candidates(residual, candidates, k)
     }
-
-    fn topk_candidates_overwritten(
-        &self,
-        residual: &mut [f32],
-        candidates: Candidates,
-        k: usize,
-    ) -> Result<Selection, TopKError> {
-        self.cpu()
-            .topk_candidates_overwritten(residual, candidates, k)
-    }
 }
