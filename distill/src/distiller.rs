@@ -10,17 +10,27 @@
 //! 3. the [`Policy`] plans each layer from those statistics and the round;
 //! 4. each layer is encoded from its residual (dense f16, top-k + int8, or sign), and what was
 //!    *not* delivered exactly, including rounding and quantisation error, stays in the residual
-//!    (error feedback): `sent + new residual = update + old residual` up to f32 rounding;
+//!    (error feedback): `sent + new residual = update + old residual` up to the residual's
+//!    rounding;
 //! 5. the round counter advances.
+//!
+//! The residual is held in bf16: only its large entries are ever sent, and they are sent from
+//! the f32 sums of the fused pass (the candidates' values), so 8 bits of mantissa cost nothing
+//! measurable (BENCHMARKS.md) and halve what a node holds for error feedback (a hub holds two).
+//! The kernels widen it a cache-sized chunk at a time, and a top-k layer's encoding writes only
+//! the entries it sends. A layer without a sampled top-k threshold (a small layer, or any under
+//! a byte budget) goes through the pass in f32 and is rounded once encoded; a large layer that
+//! the policy plans dense or sign after all is encoded from its sum as rounded to bf16.
 //!
 //! It is sans-IO: no clock, no network, no files. The node persists [`Distiller::state`] and the
 //! simulator runs thousands of distillers with one shared [`Embedder`].
 
 use std::sync::Arc;
 
-use half::f16;
+use half::{bf16, f16};
 use kindred_kernels::{
-    AccumulateError, Backend, Candidates, Kernels, Rounding, SIMHASH_BITS, Stats, rng,
+    AccumulateError, Backend, Candidates, Kernels, Rounding, SIMHASH_BITS, Stats, narrow_bf16, rng,
+    widen_bf16,
 };
 use kindred_proto::{
     DenseValues, Embedding, LayerPayload, ModelSpec, PacketBody, PayloadKind, SignBits, TopK,
@@ -101,9 +111,9 @@ pub struct Distilled {
 /// let update: Vec<f32> = (0..10_100).map(|i| ((i * 7919) % 1000) as f32 * 1e-3 - 0.5).collect();
 /// let out = distiller.distill(&update)?;
 /// let sent = decode(&out.body, &spec)?;
-/// // Error feedback: what was not sent waits in the residual.
+/// // Error feedback: what was not sent waits in the residual (held in bf16: 8 bits of mantissa).
 /// for ((s, r), u) in sent.iter().zip(distiller.residual()).zip(&update) {
-///     assert!((s + r - u).abs() <= 1e-6);
+///     assert!((s + r - u).abs() <= 1e-6 + r.abs() / 256.0);
 /// }
 /// assert!(out.report.ratio > 4.0); // round 0 is warm-up at 25% density
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -115,7 +125,8 @@ pub struct Distiller {
     pub(crate) policy: Policy,
     pub(crate) embedder: Arc<Embedder>,
     pub(crate) backend: Backend,
-    pub(crate) residual: Vec<f32>,
+    /// The error-feedback residual, flat in model order, in bf16 (module documentation).
+    pub(crate) residual: Vec<bf16>,
     /// Running mean of accepted peer updates; empty until the first one.
     pub(crate) mean: Vec<f32>,
     pub(crate) mean_count: u64,
@@ -147,7 +158,7 @@ impl Distiller {
         policy.validate()?;
         let layout = Layout::new(&spec);
         Ok(Self {
-            residual: vec![0.0; layout.len()],
+            residual: zeroed_residual(layout.len()),
             spec,
             layout,
             policy,
@@ -193,9 +204,21 @@ impl Distiller {
         self.round
     }
 
-    /// The error-feedback residual: everything computed but not yet sent, flat in model order.
-    pub fn residual(&self) -> &[f32] {
-        &self.residual
+    /// The error-feedback residual: everything computed but not yet sent, flat in model order,
+    /// widened to f32 (a copy: the distiller holds it in bf16).
+    pub fn residual(&self) -> Vec<f32> {
+        let mut wide = vec![0.0; self.residual.len()];
+        widen_bf16(&self.residual, &mut wide);
+        wide
+    }
+
+    /// L2 norm of the residual (without widening a copy of it).
+    pub fn residual_norm(&self) -> f64 {
+        self.residual
+            .iter()
+            .map(|r| f64::from(r.to_f32()).powi(2))
+            .sum::<f64>()
+            .sqrt()
     }
 
     /// The running mean of accepted peer updates, once one has been accepted.
@@ -229,7 +252,7 @@ impl Distiller {
         let len = self.residual.len();
         // Freed before the new one is allocated: never two residuals at once.
         self.residual = Vec::new();
-        self.residual = vec![0.0; len];
+        self.residual = zeroed_residual(len);
     }
 
     /// The embedding `update` would get now, without changing any state.
@@ -336,10 +359,40 @@ impl Distiller {
         let embedded = self
             .embedder
             .embed_layers(&self.layout, update, self.running_mean())?;
+        self.distill_layers(update, embedded)
+    }
+
+    /// [`Distiller::distill_from`] of an update its caller has already checked to be finite
+    /// (the node's API checks every value of an upload as it arrives): no validating embedding
+    /// pass, so each layer is read once. The result carries no embedding of the update (an empty
+    /// [`Distilled::embedding`], zero margins): a node keys on its cumulative update instead.
+    ///
+    /// # Errors
+    /// A layer of the wrong length, or a non-finite value the caller let through
+    /// ([`DistillError::Accumulate`]): both found layer by layer, after the layers before took
+    /// their update (nothing is planned or sent).
+    pub fn distill_checked_from(
+        &mut self,
+        update: &mut impl LayerSource,
+    ) -> Result<Distilled, DistillError> {
+        let none = Embedded {
+            embedding: Embedding::default(),
+            margins: [0.0; SIMHASH_BITS],
+        };
+        self.distill_layers(update, none)
+    }
+
+    /// The fused pass, the plan and the encoding of every layer (steps 2-5 of the module
+    /// documentation) of an update whose embedding pass is done.
+    fn distill_layers(
+        &mut self,
+        update: &mut impl LayerSource,
+        embedded: Embedded,
+    ) -> Result<Distilled, DistillError> {
         let round = self.round;
         let layer_count = self.layout.layers();
         let mut stats = Vec::with_capacity(layer_count);
-        let mut candidates: Vec<Option<Candidates>> = Vec::with_capacity(layer_count);
+        let mut passes: Vec<Accumulated> = Vec::with_capacity(layer_count);
         let mut resets = 0;
         let ranges: Vec<_> = self.layout.ranges().collect();
         for (layer, range) in ranges.iter().enumerate() {
@@ -356,11 +409,25 @@ impl Distiller {
                 }
                 .into());
             }
-            let threshold = fused_k.and_then(|k| self.backend.sample_threshold(r, u, k, seed));
-            match self.backend.accumulate_fused(r, u, None, threshold) {
-                Ok(fused) => {
-                    stats.push(fused.stats);
-                    candidates.push(threshold.map(|_| fused.candidates));
+            // A layer with a sampled threshold (a large top-k layer) accumulates in place, in
+            // bf16; any other keeps `update + residual` in f32 until it is encoded.
+            let threshold = fused_k.and_then(|k| self.backend.sample_threshold_bf16(r, u, k, seed));
+            let fused = match threshold {
+                Some(t) => self
+                    .backend
+                    .accumulate_fused_bf16(r, u, Some(t))
+                    .map(|f| (f.stats, Accumulated::InPlace(f.candidates))),
+                None => {
+                    let mut wide = vec![0.0; r.len()];
+                    widen_bf16(r, &mut wide);
+                    let fused = self.backend.accumulate_fused(&mut wide, u, None, None);
+                    fused.map(|f| (f.stats, Accumulated::Wide(wide)))
+                }
+            };
+            match fused {
+                Ok((s, pass)) => {
+                    stats.push(s);
+                    passes.push(pass);
                 }
                 Err(AccumulateError::Overflow { .. }) => {
                     // The update is finite, so a residual grown past f32 overflowed: the only
@@ -369,25 +436,22 @@ impl Distiller {
                         layer,
                         "residual overflowed f32; resetting it to this update"
                     );
-                    r.copy_from_slice(u);
                     resets += 1;
-                    stats.push(self.backend.stats(r).unwrap_or_default());
-                    candidates.push(None);
+                    stats.push(self.backend.stats(u).unwrap_or_default());
+                    passes.push(Accumulated::Wide(u.to_vec()));
                 }
                 Err(source) => return Err(DistillError::Accumulate { layer, source }),
             }
         }
+        // A layer widened whole to be encoded; freed with the round.
+        let mut wide = Vec::new();
         let plans = self.policy.plan(self.spec.layers(), &stats, round);
         let mut layers = Vec::with_capacity(plans.len());
         let mut reports = Vec::with_capacity(plans.len());
-        for (layer, (((plan, range), s), cand)) in plans
-            .iter()
-            .zip(ranges)
-            .zip(&stats)
-            .zip(candidates)
-            .enumerate()
+        for (layer, (((plan, range), s), pass)) in
+            plans.iter().zip(ranges).zip(&stats).zip(passes).enumerate()
         {
-            let payload = self.encode_layer(layer, *plan, range, round, cand)?;
+            let payload = self.encode_layer(layer, *plan, range, round, pass, &mut wide)?;
             let numel = payload.numel();
             let carried = payload.carried();
             reports.push(LayerReport {
@@ -459,18 +523,65 @@ impl Distiller {
         (layer, index - offsets.get(layer).copied().unwrap_or(0))
     }
 
-    /// Encode one layer from its residual and leave the unsent remainder in it.
+    /// Encode one layer from its residual and leave the unsent remainder in it. A top-k layer
+    /// with its fused pass's candidates touches only the entries it sends; a layer kept in f32
+    /// is encoded from it and rounded; any other is widened into `wide`, encoded, and rounded
+    /// back (a large layer planned dense or sign after all, or a sample that under-shot).
     fn encode_layer(
         &mut self,
         layer: usize,
         plan: LayerPlan,
         range: std::ops::Range<usize>,
         round: u64,
+        pass: Accumulated,
+        wide: &mut Vec<f32>,
+    ) -> Result<LayerPayload, DistillError> {
+        let candidates = match (plan, pass) {
+            (_, Accumulated::Wide(mut exact)) => {
+                let payload = self.encode_wide(layer, plan, round, None, &mut exact);
+                narrow_bf16(&exact, self.residual.get_mut(range).unwrap_or_default());
+                return payload;
+            }
+            (LayerPlan::TopK { k }, Accumulated::InPlace(c)) if c.len() >= k => {
+                let stored = self.residual.get(range.clone()).unwrap_or_default();
+                let sel = self
+                    .backend
+                    .topk_candidates_bf16(stored, c, k)
+                    .map_err(|source| DistillError::TopK { layer, source })?;
+                let (backend, residual) = (&self.backend, &mut self.residual);
+                let stored = residual.get_mut(range).unwrap_or_default();
+                let len = stored.len();
+                let payload = quantize_topk(backend, layer, len, sel, |i, v| {
+                    if let Some(slot) = stored.get_mut(i) {
+                        *slot = bf16::from_f32(v);
+                    }
+                })?;
+                if !self.policy.error_feedback {
+                    stored.fill(bf16::ZERO);
+                }
+                return Ok(payload);
+            }
+            (_, Accumulated::InPlace(c)) => Some(c),
+        };
+        let stored = self.residual.get(range.clone()).unwrap_or_default();
+        wide.resize(stored.len(), 0.0);
+        widen_bf16(stored, wide);
+        let payload = self.encode_wide(layer, plan, round, candidates, wide);
+        narrow_bf16(wide, self.residual.get_mut(range).unwrap_or_default());
+        payload
+    }
+
+    /// Encode one layer from `r`, its residual in f32, leaving the unsent remainder in it.
+    fn encode_wide(
+        &self,
+        layer: usize,
+        plan: LayerPlan,
+        round: u64,
         candidates: Option<Candidates>,
+        r: &mut [f32],
     ) -> Result<LayerPayload, DistillError> {
         let ef = self.policy.error_feedback;
         let seed = self.sample_seed(round, layer);
-        let r = self.residual.get_mut(range).unwrap_or_default();
         // Layers are < 2^32 elements (validated spec), so lengths fit u32.
         let len = r.len() as u32;
         let payload = match plan {
@@ -492,29 +603,12 @@ impl Distiller {
                     None => backend.topk_exact(r, k),
                 }
                 .map_err(|source| DistillError::TopK { layer, source })?;
-                let mut q = vec![0i8; sel.values.len()];
-                let scale = backend
-                    .quantize_i8(&sel.values, Rounding::Nearest, &mut q)
-                    .map_err(|source| DistillError::Quantize { layer, source })?;
-                let mut indices = Vec::with_capacity(q.len());
-                let mut values = Vec::with_capacity(q.len());
-                for ((&i, &v), &qi) in sel.indices.iter().zip(&sel.values).zip(&q) {
-                    // Put back what quantisation lost (the selection may have zeroed the entry).
-                    if let Some(slot) = r.get_mut(i as usize) {
-                        *slot = v - f32::from(qi) * scale;
+                // Put back what quantisation lost (the selection may have zeroed the entry).
+                quantize_topk(backend, layer, r.len(), sel, |i, v| {
+                    if let Some(slot) = r.get_mut(i) {
+                        *slot = v;
                     }
-                    // An entry that quantises to 0 carries nothing: keep it all in the residual.
-                    if qi != 0 {
-                        indices.push(i);
-                        values.push(qi);
-                    }
-                }
-                LayerPayload::TopK(TopK {
-                    len,
-                    indices,
-                    values,
-                    scale,
-                })
+                })?
             }
             LayerPlan::Sign => {
                 let mut words = vec![0u64; r.len().div_ceil(64)];
@@ -533,6 +627,53 @@ impl Distiller {
         }
         Ok(payload)
     }
+}
+
+/// Where a layer's `update + residual` is after the fused pass.
+enum Accumulated {
+    /// In the bf16 residual, with the candidates above the sampled threshold (in f32).
+    InPlace(Candidates),
+    /// In f32, to be encoded from and then rounded into the residual.
+    Wide(Vec<f32>),
+}
+
+/// A zero residual of `len` entries, its pages left unmapped until written (as `vec![0.0; n]`
+/// does for f32).
+fn zeroed_residual(len: usize) -> Vec<bf16> {
+    bytemuck::zeroed_vec(len)
+}
+
+/// The top-k payload of a selection; `put_back(i, v)` receives what each selected entry leaves
+/// in the residual (what int8 quantisation lost; all of it for an entry that quantises to 0).
+fn quantize_topk(
+    backend: &Backend,
+    layer: usize,
+    len: usize,
+    sel: kindred_kernels::Selection,
+    mut put_back: impl FnMut(usize, f32),
+) -> Result<LayerPayload, DistillError> {
+    let mut q = vec![0i8; sel.values.len()];
+    let scale = backend
+        .quantize_i8(&sel.values, Rounding::Nearest, &mut q)
+        .map_err(|source| DistillError::Quantize { layer, source })?;
+    let mut indices = Vec::with_capacity(q.len());
+    let mut values = Vec::with_capacity(q.len());
+    for ((&i, &v), &qi) in sel.indices.iter().zip(&sel.values).zip(&q) {
+        put_back(i as usize, v - f32::from(qi) * scale);
+        // An entry that quantises to 0 carries nothing: keep it all in the residual.
+        if qi != 0 {
+            indices.push(i);
+            values.push(qi);
+        }
+    }
+    let payload = LayerPayload::TopK(TopK {
+        // Layers are < 2^32 elements (validated spec), so lengths fit u32.
+        len: len as u32,
+        indices,
+        values,
+        scale,
+    });
+    Ok(payload)
 }
 
 /// Bytes of a LEB128 varint.

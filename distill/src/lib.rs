@@ -1,7 +1,7 @@
 //! Kindred's distillation: turning a model update into a small outcome-packet body and an
 //! embedding, and merging the updates of similar peers back into one.
 //!
-//! - [`Distiller`]: per-node state (per-layer f32 error-feedback residuals, the round counter, the
+//! - [`Distiller`]: per-node state (error-feedback residuals in bf16, the round counter, the
 //!   running mean that centres embeddings) and [`Distiller::distill`], which turns one update into
 //!   a [`kindred_proto::PacketBody`] ready for `kindred_proto::seal`, an
 //!   [`kindred_proto::Embedding`] for the header, the SimHash bit margins routing probes with, and

@@ -120,7 +120,7 @@ mod tests {
         let mut d = distiller();
         let good: Vec<f32> = (0..64 * 64 + 64).map(|i| (i % 13) as f32 * 1e-3).collect();
         assert!(d.distill(&good).is_ok());
-        let (residual, round) = (d.residual().to_vec(), d.round());
+        let (residual, round) = (d.residual(), d.round());
         // A layer read shorter than its range.
         struct Short(Vec<f32>);
         impl LayerSource for Short {
@@ -140,7 +140,27 @@ mod tests {
             }
         });
         assert!(d.distill_from(&mut nan).is_err());
-        assert_eq!((d.residual(), d.round()), (&residual[..], round));
+        assert_eq!((d.residual(), d.round()), (residual, round));
+    }
+
+    /// Without its validating pass the distiller makes the same packets and residuals; only the
+    /// update's own embedding is left out.
+    #[test]
+    fn a_checked_update_distils_as_a_validated_one() {
+        let (mut validated, mut checked) = (distiller(), distiller());
+        for round in 0..4u64 {
+            let update: Vec<f32> = (0..64 * 64 + 64)
+                .map(|i| ((i as u64 * 7919 + round * 31) % 1000) as f32 * 1e-3 - 0.5)
+                .collect();
+            let a = validated.distill(&update).unwrap_or_else(|e| panic!("{e}"));
+            let mut slice: &[f32] = &update;
+            let b = checked
+                .distill_checked_from(&mut slice)
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!((a.body, a.report), (b.body, b.report), "round {round}");
+            assert_eq!(b.embedding, kindred_proto::Embedding::default());
+            assert_eq!(validated.residual(), checked.residual(), "round {round}");
+        }
     }
 
     #[test]

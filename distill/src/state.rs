@@ -6,8 +6,9 @@
 //! serde value; [`DistillerState::to_bytes`] / [`DistillerState::from_bytes`] give it a compact,
 //! versioned, checksummed encoding:
 //!
-//! `postcard(WireState) ‖ blake3(postcard bytes)`, where the vectors are raw little-endian f32
-//! byte strings.
+//! `postcard(WireState) ‖ blake3(postcard bytes)`, where the vectors are raw little-endian byte
+//! strings: the residual in bf16 (as the distiller holds it), the running mean in f32. States of
+//! version 1 (residual in f32) are still read, and rounded to bf16.
 //!
 //! Decoding treats the bytes as untrusted (a torn write, a bad disk): it bounds the total size by
 //! what a state for *this* spec can take before parsing, checks the checksum, parses into borrowed
@@ -18,6 +19,7 @@
 
 use std::borrow::Cow;
 
+use half::bf16;
 use kindred_proto::{ModelId, ModelSpec};
 use serde::{Deserialize, Serialize};
 
@@ -25,7 +27,9 @@ use crate::distiller::Distiller;
 use crate::error::RestoreError;
 
 /// Format version of [`DistillerState::to_bytes`].
-pub const STATE_VERSION: u16 = 1;
+pub const STATE_VERSION: u16 = 2;
+/// The version before: the residual in f32.
+const STATE_VERSION_F32: u16 = 1;
 
 const CHECKSUM_LEN: usize = 32;
 /// Bytes of everything but the two vectors, generously (version, id, counters, length varints).
@@ -38,8 +42,8 @@ pub struct DistillerState {
     pub model: ModelId,
     /// The next round to distill.
     pub round: u64,
-    /// Error-feedback residual, flat in model order.
-    pub residual: Vec<f32>,
+    /// Error-feedback residual, flat in model order, in bf16 as the distiller holds it.
+    pub residual: Vec<bf16>,
     /// Running mean of accepted peer updates, flat in model order; empty if none was accepted.
     pub mean: Vec<f32>,
     /// Peer updates folded into the mean.
@@ -79,6 +83,15 @@ pub fn f32_le_bytes(v: &[f32]) -> Cow<'_, [u8]> {
     }
 }
 
+/// A bf16 vector as little-endian bytes (no copy on little-endian targets).
+fn bf16_le_bytes(v: &[bf16]) -> Cow<'_, [u8]> {
+    if cfg!(target_endian = "little") {
+        Cow::Borrowed(bytemuck::cast_slice(v))
+    } else {
+        Cow::Owned(v.iter().flat_map(|x| x.to_le_bytes()).collect())
+    }
+}
+
 /// [`DistillerState::to_bytes`]'s encoding as parts that borrow the vectors, so a large state
 /// is written without being copied ([`EncodedState::parts`]); the parts concatenated are
 /// exactly `to_bytes`.
@@ -98,7 +111,7 @@ impl<'a> EncodedState<'a> {
         model: ModelId,
         round: u64,
         mean_count: u64,
-        residual: &'a [f32],
+        residual: &'a [bf16],
         mean: &'a [f32],
     ) -> Self {
         #[derive(Serialize)]
@@ -114,7 +127,7 @@ impl<'a> EncodedState<'a> {
             round,
             mean_count,
         };
-        let (residual, mean) = (f32_le_bytes(residual), f32_le_bytes(mean));
+        let (residual, mean) = (bf16_le_bytes(residual), f32_le_bytes(mean));
         // postcard writes a struct as its fields in order and a byte string as its length
         // (a varint) and its bytes: the same bytes as `WireState`, without the copy.
         let mut head = postcard::to_allocvec(&fixed).unwrap_or_default();
@@ -162,8 +175,24 @@ fn from_le(what: &'static str, bytes: &[u8]) -> Result<Vec<f32>, RestoreError> {
     Ok(out)
 }
 
+fn bf16_from_le(bytes: &[u8]) -> Result<Vec<bf16>, RestoreError> {
+    let mut out = Vec::with_capacity(bytes.len() / 2);
+    for (index, c) in bytes.chunks_exact(2).enumerate() {
+        let v = bf16::from_le_bytes([c[0], c[1]]);
+        if !v.is_finite() {
+            return Err(RestoreError::NonFinite {
+                what: "residual",
+                index,
+            });
+        }
+        out.push(v);
+    }
+    Ok(out)
+}
+
 impl DistillerState {
-    /// Encode: versioned, checksummed, vectors as raw little-endian f32.
+    /// Encode: versioned, checksummed, vectors as raw little-endian bf16 (residual) and f32
+    /// (mean).
     pub fn to_bytes(&self) -> Vec<u8> {
         EncodedState::new(
             self.model,
@@ -203,19 +232,23 @@ impl DistillerState {
         if !rest.is_empty() {
             return Err(RestoreError::Malformed("trailing bytes"));
         }
-        if wire.version != STATE_VERSION {
-            return Err(RestoreError::Version {
-                found: wire.version,
-                supported: STATE_VERSION,
-            });
-        }
+        let residual_bytes = match wire.version {
+            STATE_VERSION => numel.saturating_mul(2),
+            STATE_VERSION_F32 => vector_bytes,
+            found => {
+                return Err(RestoreError::Version {
+                    found,
+                    supported: STATE_VERSION,
+                });
+            }
+        };
         if wire.model != spec.id().0 {
             return Err(RestoreError::ModelMismatch);
         }
-        if wire.residual.len() != vector_bytes {
+        if wire.residual.len() != residual_bytes {
             return Err(RestoreError::Length {
                 what: "residual",
-                expected: vector_bytes,
+                expected: residual_bytes,
                 found: wire.residual.len(),
             });
         }
@@ -238,7 +271,14 @@ impl DistillerState {
         Ok(Self {
             model: ModelId(wire.model),
             round: wire.round,
-            residual: from_le("residual", wire.residual)?,
+            residual: if wire.version == STATE_VERSION {
+                bf16_from_le(wire.residual)?
+            } else {
+                let wide = from_le("residual", wire.residual)?;
+                let mut narrow = bytemuck::zeroed_vec(wide.len());
+                kindred_kernels::narrow_bf16(&wide, &mut narrow);
+                narrow
+            },
             mean: from_le("mean", wire.mean)?,
             mean_count: wire.mean_count,
         })
@@ -303,8 +343,8 @@ impl Distiller {
         if state.residual.len() != n {
             return Err(RestoreError::Length {
                 what: "residual",
-                expected: n * 4,
-                found: state.residual.len() * 4,
+                expected: n * 2,
+                found: state.residual.len() * 2,
             });
         }
         let mean_len = if state.mean_count == 0 { 0 } else { n };
@@ -315,10 +355,17 @@ impl Distiller {
                 found: state.mean.len() * 4,
             });
         }
-        for (what, v) in [("residual", &state.residual), ("mean", &state.mean)] {
-            if let Some(index) = v.iter().position(|x| !x.is_finite()) {
-                return Err(RestoreError::NonFinite { what, index });
-            }
+        if let Some(index) = state.residual.iter().position(|x| !x.is_finite()) {
+            return Err(RestoreError::NonFinite {
+                what: "residual",
+                index,
+            });
+        }
+        if let Some(index) = state.mean.iter().position(|x| !x.is_finite()) {
+            return Err(RestoreError::NonFinite {
+                what: "mean",
+                index,
+            });
         }
         self.round = state.round;
         self.residual = state.residual;
@@ -334,10 +381,13 @@ mod tests {
 
     #[test]
     fn the_borrowed_parts_are_the_postcard_encoding_byte_for_byte() {
-        let residual: Vec<f32> = (0..1000).map(|i| i as f32 * 0.25 - 3.0).collect();
+        let residual: Vec<bf16> = (0..1000)
+            .map(|i| bf16::from_f32(i as f32 * 0.25 - 3.0))
+            .collect();
         for mean in [Vec::new(), vec![1.5f32; 1000]] {
             let model = ModelId([7; 32]);
-            let (residual_le, mean_le) = (le_bytes(&residual), le_bytes(&mean));
+            let residual_le: Vec<u8> = residual.iter().flat_map(|x| x.to_le_bytes()).collect();
+            let mean_le = le_bytes(&mean);
             let wire = WireState {
                 version: STATE_VERSION,
                 model: model.0,
@@ -352,5 +402,40 @@ mod tests {
             let encoded = EncodedState::new(model, 300, 129, &residual, &mean);
             assert_eq!(encoded.to_vec(), expected);
         }
+    }
+
+    /// A node that persisted its residual in f32 (version 1) restarts on it, rounded to bf16.
+    #[test]
+    fn a_version_1_state_is_read_with_its_residual_rounded() {
+        use kindred_proto::{DType, LayerSpec};
+        let spec = ModelSpec::new(vec![LayerSpec::new("w", [1000], DType::F32)]).unwrap();
+        let residual: Vec<f32> = (0..1000).map(|i| (i as f32 * 0.37).sin()).collect();
+        let encode = |version: u16, residual: &[u8]| {
+            let wire = WireState {
+                version,
+                model: spec.id().0,
+                round: 5,
+                mean_count: 0,
+                residual,
+                mean: &[],
+            };
+            let mut bytes = postcard::to_allocvec(&wire).unwrap();
+            let sum = blake3::hash(&bytes);
+            bytes.extend_from_slice(sum.as_bytes());
+            bytes
+        };
+        let state = DistillerState::from_bytes(&encode(1, &le_bytes(&residual)), &spec).unwrap();
+        let rounded: Vec<bf16> = residual.iter().map(|&r| bf16::from_f32(r)).collect();
+        assert_eq!((state.round, state.residual), (5, rounded));
+        // Each version's residual has its own length.
+        let half_length = &le_bytes(&residual)[..2000];
+        assert!(matches!(
+            DistillerState::from_bytes(&encode(1, half_length), &spec),
+            Err(RestoreError::Length { .. })
+        ));
+        assert!(matches!(
+            DistillerState::from_bytes(&encode(3, half_length), &spec),
+            Err(RestoreError::Version { found: 3, .. })
+        ));
     }
 }

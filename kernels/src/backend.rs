@@ -12,6 +12,8 @@
 //! and load, otherwise the CPU. It never panics, and logs one `info` line saying which backend
 //! runs and why, so an operator can tell from the log whether a GPU host is using its GPU.
 
+use half::bf16;
+
 use crate::cpu::{CpuBackend, Kernels};
 #[cfg(feature = "cuda")]
 use crate::cuda::CudaBackend;
@@ -230,6 +232,34 @@ impl Kernels for Backend {
         k: usize,
     ) -> Result<Selection, TopKError> {
         dispatch!(self, b => b.topk_candidates(residual, candidates, k))
+    }
+
+    fn accumulate_fused_bf16(
+        &self,
+        residual: &mut [bf16],
+        update: &[f32],
+        threshold: Option<f32>,
+    ) -> Result<Fused, AccumulateError> {
+        dispatch!(self, b => b.accumulate_fused_bf16(residual, update, threshold))
+    }
+
+    fn sample_threshold_bf16(
+        &self,
+        residual: &[bf16],
+        update: &[f32],
+        k: usize,
+        seed: u64,
+    ) -> Option<f32> {
+        dispatch!(self, b => b.sample_threshold_bf16(residual, update, k, seed))
+    }
+
+    fn topk_candidates_bf16(
+        &self,
+        residual: &[bf16],
+        candidates: Candidates,
+        k: usize,
+    ) -> Result<Selection, TopKError> {
+        dispatch!(self, b => b.topk_candidates_bf16(residual, candidates, k))
     }
 }
 

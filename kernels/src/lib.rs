@@ -10,6 +10,7 @@
 //! | count-sketch into D buckets with seeded hashes | [`Kernels::count_sketch`] |
 //! | 256-bit SimHash by seeded Gaussian hyperplanes, with per-bit margins | [`Kernels::simhash`] |
 //! | the fused distillation pass: add + stats + sketch + top-k candidates in one pass | [`Kernels::accumulate_fused`], [`Kernels::sample_threshold`], [`Kernels::topk_candidates`] |
+//! | the same over a residual held in bf16 (widened a chunk at a time in cache) | [`Kernels::accumulate_fused_bf16`], [`Kernels::sample_threshold_bf16`], [`Kernels::topk_candidates_bf16`]; [`widen_bf16`], [`narrow_bf16`] |
 //!
 //! Each kernel has one definition (the [`Kernels`] trait) dispatched through [`Backend`]: a CPU
 //! backend that is always built ([`CpuBackend`]: rayon for large slices, loops shaped so the
@@ -40,6 +41,7 @@
 //! ```
 
 mod backend;
+mod convert;
 mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
@@ -49,6 +51,7 @@ mod simhash;
 mod types;
 
 pub use backend::Backend;
+pub use convert::{narrow_bf16, widen_bf16};
 pub use cpu::{CpuBackend, Kernels, Threading};
 #[cfg(feature = "cuda")]
 pub use cuda::{CudaBackend, CudaError, DeviceSelection};

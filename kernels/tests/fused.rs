@@ -192,3 +192,61 @@ fn fused_errors_are_typed() {
         "too short to sample"
     );
 }
+
+/// A residual held in bf16 goes through the same f32 arithmetic as its widened copy: the same
+/// statistics, candidates, sampled threshold and selection, and the new residual is the f32
+/// result rounded to nearest.
+#[test]
+fn a_bf16_residual_is_its_widened_copy_rounded_after_the_same_pass() {
+    use half::bf16;
+    use kindred_kernels::{narrow_bf16, widen_bf16};
+    for backend in backends() {
+        for (s, &n) in SIZES.iter().enumerate() {
+            let update = heavy(n, 70 + s as u64);
+            let mut narrow = vec![bf16::ZERO; n];
+            narrow_bf16(&gaussian(n, 80 + s as u64), &mut narrow);
+            let mut wide = vec![0f32; n];
+            widen_bf16(&narrow, &mut wide);
+            let k = n / 100;
+            let threshold = backend.sample_threshold(&wide, &update, k, 9);
+            assert_eq!(
+                backend.sample_threshold_bf16(&narrow, &update, k, 9),
+                threshold,
+                "n={n}"
+            );
+
+            let fused = backend
+                .accumulate_fused(&mut wide, &update, None, threshold)
+                .unwrap();
+            let fused16 = backend
+                .accumulate_fused_bf16(&mut narrow, &update, threshold)
+                .unwrap();
+            assert_eq!(fused16.stats, fused.stats, "n={n}");
+            assert_eq!(fused16.candidates, fused.candidates, "n={n}");
+            let mut rounded = vec![bf16::ZERO; n];
+            narrow_bf16(&wide, &mut rounded);
+            assert_eq!(narrow, rounded, "n={n}");
+
+            if threshold.is_some() {
+                let sel16 = backend
+                    .topk_candidates_bf16(&narrow, fused16.candidates, k)
+                    .unwrap();
+                let sel = backend
+                    .topk_candidates(&mut wide, fused.candidates, k)
+                    .unwrap();
+                assert_eq!(sel16.indices, sel.indices, "n={n}");
+                assert_eq!(sel16.values, sel.values, "n={n}");
+                // Too few candidates: the exact top-k of the widened residual, which is left
+                // as it was.
+                let before = narrow.clone();
+                let few = backend
+                    .topk_candidates_bf16(&narrow, Candidates::default(), k)
+                    .unwrap();
+                widen_bf16(&narrow, &mut wide);
+                let exact = backend.topk_exact(&mut wide, k).unwrap();
+                assert_eq!(few.indices, exact.indices, "n={n}");
+                assert_eq!(narrow, before);
+            }
+        }
+    }
+}

@@ -30,8 +30,10 @@
 //! - **Concurrency**: one update upload at a time ([`MAX_CONCURRENT_UPLOADS`]); a second one is
 //!   answered 409, and an upload while this round's update is already queued is answered 503,
 //!   both before their bodies are read. The body is decoded as it arrives
-//!   ([`crate::update_stream`]), never buffered: the memory an upload holds is the decoded update
-//!   (4 bytes per parameter) and its header, whatever the number of clients.
+//!   ([`crate::update_stream`]), never buffered, and its checked values are written to a staging
+//!   file in the node's data directory (`staging/`, [`crate::staged`]; removed once distilled or
+//!   refused): the memory an upload holds is its header and a few body frames, whatever the
+//!   model's size or the number of clients. 500 when the file cannot be written.
 //! - **Values**: `samples` must be in `1..=`[`kindred_proto::MAX_SAMPLES`], `loss` finite with
 //!   magnitude at most [`kindred_proto::MAX_ABS_LOSS`], and every tensor value finite with
 //!   magnitude at most [`MAX_ABS_UPDATE_VALUE`]; otherwise 422 with a message naming the
@@ -40,6 +42,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::pin::pin;
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
@@ -59,9 +62,10 @@ use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, mpsc, watch};
 
-use crate::engine::ExternalUpdate;
+use crate::engine::{ExternalUpdate, UpdateValues};
 use crate::merged;
 use crate::metrics::NodeMetrics;
+use crate::staged::StagedUpdate;
 use crate::update_stream::{UpdateDecoder, UpdateError};
 
 /// Largest accepted update body (bytes), whatever the model: 16 GiB, 2^32 f32 parameters (on a
@@ -95,6 +99,10 @@ pub const MAX_ABS_UPDATE_VALUE: f32 = 1.0e6;
 
 /// Update uploads served at the same time; others are refused (409) before their bodies are read.
 pub const MAX_CONCURRENT_UPLOADS: usize = 1;
+
+/// Body frames of an upload queued for its decoding thread (a frame is at most a few hundred
+/// KiB): enough to keep the decoder busy, few enough to bound what an upload holds.
+const UPLOAD_FRAMES_QUEUED: usize = 16;
 
 /// Timeouts of the API server (the `[api_limits]` table of `kindred.toml`).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -333,6 +341,8 @@ pub struct Shared {
     pub spec: Arc<ModelSpec>,
     /// Updates from an external trainer, to the round loop.
     pub updates: mpsc::Sender<ExternalUpdate>,
+    /// Where uploaded updates are staged ([`StagedUpdate`]): a directory of the node's own.
+    pub staging: PathBuf,
 }
 
 impl Shared {
@@ -543,13 +553,37 @@ enum BodyError {
     Invalid(UpdateError),
 }
 
-/// Read `body` into the update as it arrives ([`UpdateDecoder`]: the update is the only copy),
-/// failing as soon as it passes `cap` bytes. A body found invalid is still read to its end
-/// (within `cap` and the caller's deadline) without being kept, so the client gets the answer
-/// rather than a reset connection.
-async fn read_update(mut body: Body, cap: usize, spec: &ModelSpec) -> Result<Vec<f32>, BodyError> {
-    let mut decoder = UpdateDecoder::new(spec, update_header_cap(spec));
-    let mut invalid = None;
+/// Read `body` into the node's staging file as it arrives ([`UpdateDecoder`] into a
+/// [`StagedUpdate`]: no copy of the update in memory), failing as soon as it passes `cap`
+/// bytes. Decoding and the file's writes run on a blocking thread, fed the body's frames
+/// through a short queue. A body found invalid is still read to its end (within `cap` and the
+/// caller's deadline) without being kept, so the client gets the answer rather than a reset
+/// connection. On any failure the staging file is removed with the update.
+async fn read_update(
+    mut body: Body,
+    cap: usize,
+    spec: Arc<ModelSpec>,
+    staging: PathBuf,
+) -> Result<StagedUpdate, BodyError> {
+    let (frames, mut queue) = mpsc::channel::<axum::body::Bytes>(UPLOAD_FRAMES_QUEUED);
+    let decode = tokio::task::spawn_blocking(move || {
+        let len = usize::try_from(spec.numel()).unwrap_or(usize::MAX);
+        let staged = StagedUpdate::create(&staging, len)
+            .map_err(|e| UpdateError::Store(format!("{}: {e}", staging.display())))?;
+        let mut decoder = UpdateDecoder::with_sink(&spec, update_header_cap(&spec), staged);
+        let mut invalid = None;
+        while let Some(data) = queue.blocking_recv() {
+            if invalid.is_none()
+                && let Err(e) = decoder.feed(&data)
+            {
+                invalid = Some(e);
+            }
+        }
+        match invalid {
+            Some(e) => Err(e),
+            None => decoder.finish(),
+        }
+    });
     let mut read = 0usize;
     while let Some(frame) =
         std::future::poll_fn(|cx| std::pin::Pin::new(&mut body).poll_frame(cx)).await
@@ -561,15 +595,15 @@ async fn read_update(mut body: Body, cap: usize, spec: &ModelSpec) -> Result<Vec
             return Err(BodyError::TooLarge(cap));
         }
         read += data.len();
-        if invalid.is_none()
-            && let Err(e) = decoder.feed(&data)
-        {
-            invalid = Some(e);
+        // The decoder stops taking frames only once it returned: then it failed to start.
+        if frames.send(data).await.is_err() {
+            break;
         }
     }
-    match invalid {
-        Some(e) => Err(BodyError::Invalid(e)),
-        None => decoder.finish().map_err(BodyError::Invalid),
+    drop(frames);
+    match decode.await {
+        Ok(decoded) => decoded.map_err(BodyError::Invalid),
+        Err(e) => Err(BodyError::Invalid(UpdateError::Store(e.to_string()))),
     }
 }
 
@@ -615,30 +649,37 @@ async fn update(
             return refuse(StatusCode::SERVICE_UNAVAILABLE, "the node is shutting down");
         }
     };
-    let spec = api.shared.spec.clone();
-    let update = match tokio::time::timeout(api.body_timeout, read_update(body, api.cap, &spec))
-        .await
-    {
-        Ok(Ok(update)) => update,
-        Ok(Err(e @ BodyError::TooLarge(_))) => {
-            return refuse(StatusCode::PAYLOAD_TOO_LARGE, e.to_string());
-        }
-        Ok(Err(e @ BodyError::Read(_))) => return refuse(StatusCode::BAD_REQUEST, e.to_string()),
-        Ok(Err(BodyError::Invalid(e))) => {
-            return refuse(StatusCode::UNPROCESSABLE_ENTITY, e.to_string());
-        }
-        Err(_) => {
-            return refuse(
-                StatusCode::REQUEST_TIMEOUT,
-                format!(
-                    "the update body did not arrive within {:.1} s",
-                    api.body_timeout.as_secs_f64()
-                ),
-            );
-        }
-    };
+    let (spec, staging) = (api.shared.spec.clone(), api.shared.staging.clone());
+    let update =
+        match tokio::time::timeout(api.body_timeout, read_update(body, api.cap, spec, staging))
+            .await
+        {
+            Ok(Ok(update)) => update,
+            Ok(Err(e @ BodyError::TooLarge(_))) => {
+                return refuse(StatusCode::PAYLOAD_TOO_LARGE, e.to_string());
+            }
+            Ok(Err(e @ BodyError::Read(_))) => {
+                return refuse(StatusCode::BAD_REQUEST, e.to_string());
+            }
+            Ok(Err(BodyError::Invalid(e @ UpdateError::Store(_)))) => {
+                tracing::warn!(error = %e, "API: cannot stage an update");
+                return refuse(StatusCode::INTERNAL_SERVER_ERROR, e.to_string());
+            }
+            Ok(Err(BodyError::Invalid(e))) => {
+                return refuse(StatusCode::UNPROCESSABLE_ENTITY, e.to_string());
+            }
+            Err(_) => {
+                return refuse(
+                    StatusCode::REQUEST_TIMEOUT,
+                    format!(
+                        "the update body did not arrive within {:.1} s",
+                        api.body_timeout.as_secs_f64()
+                    ),
+                );
+            }
+        };
     slot.send(ExternalUpdate {
-        update,
+        update: UpdateValues::Staged(update),
         samples: q.samples,
         loss: q.loss,
     });
@@ -756,6 +797,7 @@ mod tests {
             metrics: NodeMetrics::new(),
             spec: Arc::new(Arch::MLP.spec().unwrap()),
             updates: tx,
+            staging: std::env::temp_dir().join(format!("kindred-api-{}", rand::random::<u64>())),
         });
         let api = Arc::new(Api::new(shared, &limits));
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -939,15 +981,28 @@ mod tests {
 
     #[tokio::test]
     async fn huge_and_non_finite_values_get_422() {
-        let (addr, _api, mut rx) = start(ApiLimits::default()).await;
+        let (addr, api, mut rx) = start(ApiLimits::default()).await;
+        let staged_files = || std::fs::read_dir(&api.shared.staging).unwrap().count();
         for bad in [3e38, -3e38, 1.5e6, f32::NAN, f32::INFINITY] {
             let (code, text) = post(addr, "samples=10", &body_with(bad)).await;
             assert_eq!(code, 422, "{bad}: {text}");
             assert!(rx.try_recv().is_err(), "{bad} was queued");
+            assert_eq!(
+                staged_files(),
+                0,
+                "a refused update's staging file is removed"
+            );
         }
         let (code, text) = post(addr, "samples=10", &body_with(-MAX_ABS_UPDATE_VALUE)).await;
         assert_eq!(code, 202, "{text}");
-        assert_eq!(rx.try_recv().unwrap().update[7], -MAX_ABS_UPDATE_VALUE);
+        let UpdateValues::Staged(staged) = rx.try_recv().unwrap().update else {
+            panic!("the API stages every update");
+        };
+        assert_eq!(staged.to_vec().unwrap()[7], -MAX_ABS_UPDATE_VALUE);
+        assert_eq!(staged_files(), 1);
+        drop(staged);
+        assert_eq!(staged_files(), 0, "the file goes with the update");
+        std::fs::remove_dir(&api.shared.staging).unwrap();
     }
 
     #[tokio::test]

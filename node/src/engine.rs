@@ -19,7 +19,7 @@
 use std::sync::Arc;
 
 use kindred_distill::{
-    ConsensusError, Distiller, DistillerState, EmbeddingConfig, HeadScores, Policy, Pull,
+    ConsensusError, Distiller, DistillerState, EmbeddingConfig, Filled, HeadScores, Policy, Pull,
     PullConfig, SynthConfig, Update, UpdateBuilder, UpdateRef, UpdateView, Verdict, decode,
     decode_update, pull, snapshot, synthesize,
 };
@@ -31,6 +31,7 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 
 use crate::config::{NodeConfig, TrainerKind};
+use crate::staged::StagedUpdate;
 use crate::store::{RoundState, Store};
 use crate::trainer::{Examples, Mnist, Model, Split, TrainConfig};
 
@@ -59,6 +60,9 @@ pub enum EngineError {
     /// A checkpoint in the store does not fit the configured model.
     #[error("checkpoint does not match the configured model: {0}")]
     Checkpoint(String),
+    /// The external trainer's update could not be read back from its staging file.
+    #[error("staged update: {0}")]
+    Staged(String),
     /// No update arrived from the external trainer for this round.
     #[error("no update from the external trainer")]
     NoUpdate,
@@ -88,14 +92,45 @@ struct Builtin {
 }
 
 /// An update pushed by an external trainer.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug)]
 pub struct ExternalUpdate {
     /// The update, flat in spec order.
-    pub update: Vec<f32>,
+    pub update: UpdateValues,
     /// Samples behind it.
     pub samples: u64,
     /// Its training loss.
     pub loss: f32,
+}
+
+/// Where an external trainer's update is.
+#[derive(Debug)]
+pub enum UpdateValues {
+    /// In memory.
+    InMemory(Vec<f32>),
+    /// In the node's staging file (what the API writes): read a layer at a time, never whole,
+    /// by the hub exchange.
+    Staged(StagedUpdate),
+}
+
+impl UpdateValues {
+    /// Values in the update.
+    pub fn len(&self) -> usize {
+        match self {
+            Self::InMemory(v) => v.len(),
+            Self::Staged(s) => s.len(),
+        }
+    }
+
+    /// Whether it holds no values.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl From<Vec<f32>> for UpdateValues {
+    fn from(v: Vec<f32>) -> Self {
+        Self::InMemory(v)
+    }
 }
 
 /// Our half of a round: the sealed packet and what went into it.
@@ -168,6 +203,9 @@ pub struct Engine {
     synth: SynthConfig,
     /// The distillation policy of its packets (and, as a hub, of its merges).
     policy: Policy,
+    /// Whether a round needs its full own update after the packet (the pairwise exchange
+    /// merges it; the hub exchange merges what it sent).
+    keep_full: bool,
     /// Where the node started: the initial parameters (built-in trainer) or zeros (external).
     origin: Vec<f32>,
     /// Where the current round starts: the model parameters (built-in trainer) or the sum of all
@@ -244,12 +282,7 @@ impl Engine {
                 None => base = params,
             }
             last_round = Some(state.round);
-            let residual_norm = distiller
-                .residual()
-                .iter()
-                .map(|&x| f64::from(x) * f64::from(x))
-                .sum::<f64>()
-                .sqrt();
+            let residual_norm = distiller.residual_norm();
             restored = Some(Restored {
                 round: state.round,
                 distiller_round: distiller.round(),
@@ -290,6 +323,7 @@ impl Engine {
             store,
             synth: SynthConfig::for_node(config.snapshot_every > 0),
             policy,
+            keep_full: config.exchange == crate::config::ExchangeKind::Pairwise,
             origin,
             base,
             last_round,
@@ -368,29 +402,91 @@ impl Engine {
                 let stats = b.model.train(&b.train, &b.config, &mut b.rng)?;
                 let after = b.model.params()?;
                 let update: Vec<f32> = after.iter().zip(&self.base).map(|(a, b)| a - b).collect();
-                (update, stats.loss, stats.samples)
+                (UpdateValues::InMemory(update), stats.loss, stats.samples)
             }
             Source::External { pending } => {
                 let p = pending.take().ok_or(EngineError::NoUpdate)?;
                 (p.update, p.loss, p.samples)
             }
         };
-        let (t0, cpu0) = (std::time::Instant::now(), crate::metrics::CpuTimes::now());
-        let distilled = self
-            .distiller
-            .distill(&update)
-            .map_err(|e| EngineError::Distill(e.to_string()))?;
-        let distill_cpu = cpu0.and_then(|c0| Some(crate::metrics::CpuTimes::now()?.since(&c0)));
-        let distill_time = (t0.elapsed().as_secs_f64(), distill_cpu);
-        let sent = decode_update(&distilled.body, &self.spec)
-            .map_err(|e| EngineError::Distill(e.to_string()))?;
+        let update = match update {
+            UpdateValues::Staged(s) if self.keep_full => {
+                UpdateValues::InMemory(s.to_vec().map_err(|e| EngineError::Staged(e.to_string()))?)
+            }
+            u => u,
+        };
+        let distill_err = |e: &dyn std::fmt::Display| EngineError::Distill(e.to_string());
+        let timer = (std::time::Instant::now(), crate::metrics::CpuTimes::now());
+        let distill_time = |(t0, cpu0): (std::time::Instant, Option<crate::metrics::CpuTimes>)| {
+            let cpu = cpu0.and_then(|c0| Some(crate::metrics::CpuTimes::now()?.since(&c0)));
+            (t0.elapsed().as_secs_f64(), cpu)
+        };
         // Key on where this node's model is heading: its cumulative update including this round.
         // One round's update is mostly minibatch noise once training converges; the cumulative
         // update keeps the task's signal (same-task nodes stay at high cosine, other tasks low).
         // Summed a layer at a time: no fourth model-sized vector at the round's peak.
-        let embedded = self
-            .distiller
-            .embed_sum(&[(&self.base, 1.0), (&self.origin, -1.0), (&update, 1.0)])
+        let (distilled, distill_time, embedded, full) = match update {
+            UpdateValues::InMemory(update) => {
+                let distilled = self
+                    .distiller
+                    .distill(&update)
+                    .map_err(|e| distill_err(&e))?;
+                let time = distill_time(timer);
+                let terms = [
+                    (&self.base[..], 1.0),
+                    (&self.origin[..], -1.0),
+                    (&update, 1.0),
+                ];
+                let embedded = self
+                    .distiller
+                    .embed_sum(&terms)
+                    .map_err(|e| distill_err(&e))?;
+                (distilled, time, embedded, update)
+            }
+            UpdateValues::Staged(staged) => {
+                // Each layer read from the file into a buffer of the largest layer's size, once
+                // by the distiller and once more for the key. A failed read is a zero layer for
+                // the distiller and this round's error.
+                let mut failed = None;
+                let mut read = |start: usize, out: &mut [f32]| {
+                    if let Err(e) = staged.read(start, out) {
+                        out.fill(0.0);
+                        failed.get_or_insert(e);
+                    }
+                };
+                // The API checked every value as it arrived: one read of each layer.
+                let distilled = self
+                    .distiller
+                    .distill_checked_from(&mut Filled::new(&mut read))
+                    .map_err(|e| distill_err(&e))?;
+                let time = distill_time(timer);
+                let (base, origin) = (&self.base, &self.origin);
+                let mut cumulative = Filled::new(|start: usize, out: &mut [f32]| {
+                    read(start, out);
+                    let (b, o) = (base.get(start..), origin.get(start..));
+                    for (x, (b, o)) in out
+                        .iter_mut()
+                        .zip(b.zip(o).into_iter().flat_map(|(b, o)| b.iter().zip(o)))
+                    {
+                        *x += b - o;
+                    }
+                });
+                let embedder = self.distiller.embedder();
+                let embedded = embedder
+                    .embed_layers(
+                        self.distiller.layout(),
+                        &mut cumulative,
+                        self.distiller.running_mean(),
+                    )
+                    .map_err(|e| distill_err(&e))?;
+                drop(cumulative);
+                if let Some(e) = failed {
+                    return Err(EngineError::Staged(e.to_string()));
+                }
+                (distilled, time, embedded, Vec::new())
+            }
+        };
+        let sent = decode_update(&distilled.body, &self.spec)
             .map_err(|e| EngineError::Distill(e.to_string()))?;
         let fields = HeaderFields {
             round,
@@ -406,7 +502,7 @@ impl Engine {
             packet,
             margins: embedded.margins.to_vec(),
             sent: Arc::new(sent),
-            full: update,
+            full,
             loss,
             samples,
             distill_time,
@@ -831,7 +927,7 @@ mod tests {
     fn packet(engine: &mut Engine, round: u64, update: Vec<f32>) -> Outgoing {
         engine
             .push_external(ExternalUpdate {
-                update,
+                update: update.into(),
                 samples: 32,
                 loss: 1.0,
             })
@@ -845,6 +941,49 @@ mod tests {
     fn round(engine: &mut Engine, round: u64, update: Vec<f32>) -> MergeReport {
         let out = packet(engine, round, update);
         engine.merge(&out, &[]).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// An update staged on disk (what the API hands over) makes the packet the same update in
+    /// memory makes: body, embedding and margins, round after round with the model moving.
+    #[test]
+    fn a_staged_update_makes_the_packet_the_same_update_in_memory_makes() {
+        let (mut memory, _d1) = external("in-memory");
+        let (mut staged, d2) = external("staged");
+        let n = memory.spec().numel() as usize;
+        for round in 0..3u64 {
+            let update: Vec<f32> = (0..n)
+                .map(|i| (i as f32 * 0.11 + round as f32).sin() * 1e-2)
+                .collect();
+            let file = StagedUpdate::create(&d2.0.join("staging"), n).unwrap();
+            let le: Vec<u8> = update.iter().flat_map(|v| v.to_le_bytes()).collect();
+            file.write_le(0, &le).unwrap();
+            staged
+                .push_external(ExternalUpdate {
+                    update: UpdateValues::Staged(file),
+                    samples: 32,
+                    loss: 1.0,
+                })
+                .unwrap();
+            let b = staged.make_packet(round, 0).unwrap();
+            let a = packet(&mut memory, round, update);
+            assert_eq!(a.packet.body_bytes, b.packet.body_bytes, "round {round}");
+            assert_eq!(
+                (&a.sent, &a.margins),
+                (&b.sent, &b.margins),
+                "round {round}"
+            );
+            let embedding = |o: &Outgoing| {
+                let h = kindred_proto::decode_header(&o.packet.header_bytes).unwrap();
+                h.header().embedding.clone()
+            };
+            assert_eq!(embedding(&a), embedding(&b), "round {round}");
+            assert!(b.full.is_empty(), "the hub exchange keeps no full update");
+            for e in [&mut memory, &mut staged] {
+                e.apply(None, Some(a.sent.view())).unwrap();
+            }
+        }
+        let left = std::fs::read_dir(d2.0.join("staging")).unwrap().count();
+        assert_eq!(left, 0, "each staged update's file is gone once distilled");
     }
 
     #[test]

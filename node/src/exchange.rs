@@ -1159,7 +1159,7 @@ impl HubDriver {
             };
             #[cfg(not(feature = "adversary"))]
             let served = &raw;
-            (distiller.distill(&served), Some(raw))
+            (distiller.distill(served.as_slice()), Some(raw))
         }) {
             Ok(s) => s,
             Err(e) => {

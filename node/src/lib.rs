@@ -22,6 +22,7 @@ pub mod exchange;
 pub mod merged;
 pub mod metrics;
 pub mod run;
+pub mod staged;
 pub mod store;
 pub mod update_stream;
 pub use kindred_trainer as trainer;

@@ -41,6 +41,7 @@ use crate::config::{ExchangeKind, NodeConfig};
 use crate::engine::{Engine, EngineError, ExternalUpdate, MergeReport, PeerPacket};
 use crate::exchange::{HubDriver, HubRoundStats, exchange_config};
 use crate::metrics::NodeMetrics;
+use crate::staged::StagedUpdate;
 use crate::store::Store;
 
 /// When in a round the partner lookup starts, as a fraction of the round length.
@@ -130,6 +131,9 @@ pub async fn run(
 ) -> anyhow::Result<Status> {
     config.validate()?;
     let store = Store::open(&data_dir.join("store"))?;
+    // Uploads a crash left half-written are never used: start with an empty staging directory.
+    let staging = data_dir.join("staging");
+    StagedUpdate::clear(&staging);
     let mut engine = tokio::task::block_in_place(|| Engine::open(store.clone(), &config))?;
     let peer_id = engine.peer_id();
     let snapshots = SnapshotSlot::default();
@@ -217,6 +221,7 @@ pub async fn run(
         metrics: NodeMetrics::new(),
         spec: engine.spec().clone(),
         updates: updates_tx,
+        staging,
     });
     shared.set_status(|s| {
         s.peer_id = peer_id.to_string();

@@ -5,8 +5,9 @@
 //! the moment the node also holds its model state; at 10^8-10^9 parameters that copy is what a
 //! host runs out of. [`UpdateDecoder`] is a sans-IO state machine fed the body piece by piece:
 //! it reads and checks the header against the model spec (bounded before anything is
-//! allocated), then writes each little-endian f32 straight to its place in the flat update,
-//! checking every value. The update is the only model-sized allocation.
+//! allocated), then checks every little-endian f32 and hands it to an [`UpdateSink`] at its
+//! place in the flat update: a vector (the update is the only model-sized allocation), or the
+//! node's staging file ([`crate::staged::StagedUpdate`], no model-sized allocation at all).
 
 use std::collections::BTreeMap;
 
@@ -94,6 +95,61 @@ pub enum UpdateError {
     /// The file ended before its last tensor's data.
     #[error("not a safetensors file: it ends early")]
     EndsEarly,
+    /// The checked values could not be stored (the node's staging file).
+    #[error("cannot store the update: {0}")]
+    Store(String),
+}
+
+/// Where an [`UpdateDecoder`] puts the values it checked.
+pub trait UpdateSink {
+    /// Get ready for an update of `len` values (called once, before any [`UpdateSink::put`]).
+    ///
+    /// # Errors
+    /// [`UpdateError::Store`] when the sink cannot hold that many.
+    fn size(&mut self, len: usize) -> Result<(), UpdateError>;
+
+    /// Store checked values, given as their little-endian bytes (a whole number of f32), from
+    /// value `at` on.
+    ///
+    /// # Errors
+    /// [`UpdateError::Store`] on a failed write; [`UpdateError::PastEnd`] past the end.
+    fn put(&mut self, at: usize, le_bytes: &[u8]) -> Result<(), UpdateError>;
+}
+
+impl UpdateSink for Vec<f32> {
+    fn size(&mut self, len: usize) -> Result<(), UpdateError> {
+        self.clear();
+        self.resize(len, 0.0);
+        Ok(())
+    }
+
+    fn put(&mut self, at: usize, le_bytes: &[u8]) -> Result<(), UpdateError> {
+        let Some(dst) = self.get_mut(at..at + le_bytes.len() / 4) else {
+            return Err(UpdateError::PastEnd);
+        };
+        for (slot, b) in dst.iter_mut().zip(le_bytes.chunks_exact(4)) {
+            *slot = b.try_into().map_or(f32::NAN, f32::from_le_bytes);
+        }
+        Ok(())
+    }
+}
+
+impl UpdateSink for crate::staged::StagedUpdate {
+    fn size(&mut self, len: usize) -> Result<(), UpdateError> {
+        if len == self.len() {
+            Ok(())
+        } else {
+            Err(UpdateError::Store(format!(
+                "the staging file holds {} values, the update {len}",
+                self.len()
+            )))
+        }
+    }
+
+    fn put(&mut self, at: usize, le_bytes: &[u8]) -> Result<(), UpdateError> {
+        self.write_le(at, le_bytes)
+            .map_err(|e| UpdateError::Store(e.to_string()))
+    }
 }
 
 /// One tensor's entry in a safetensors header.
@@ -139,7 +195,7 @@ enum Phase {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug)]
-pub struct UpdateDecoder<'a> {
+pub struct UpdateDecoder<'a, S = Vec<f32>> {
     spec: &'a ModelSpec,
     /// Most header bytes accepted (checked before the header is buffered).
     max_header: usize,
@@ -148,19 +204,28 @@ pub struct UpdateDecoder<'a> {
     /// two pieces.
     pending: Vec<u8>,
     segments: Vec<Segment>,
-    out: Vec<f32>,
+    out: S,
 }
 
 impl<'a> UpdateDecoder<'a> {
-    /// A decoder for an update of `spec` whose header is at most `max_header` bytes.
+    /// A decoder for an update of `spec` whose header is at most `max_header` bytes, into a
+    /// vector.
     pub fn new(spec: &'a ModelSpec, max_header: usize) -> Self {
+        Self::with_sink(spec, max_header, Vec::new())
+    }
+}
+
+impl<'a, S: UpdateSink> UpdateDecoder<'a, S> {
+    /// A decoder for an update of `spec` whose header is at most `max_header` bytes, into
+    /// `sink`.
+    pub fn with_sink(spec: &'a ModelSpec, max_header: usize, sink: S) -> Self {
         Self {
             spec,
             max_header,
             phase: Phase::Length,
             pending: Vec::new(),
             segments: Vec::new(),
-            out: Vec::new(),
+            out: sink,
         }
     }
 
@@ -220,7 +285,7 @@ impl<'a> UpdateDecoder<'a> {
     ///
     /// # Errors
     /// [`UpdateError::EndsEarly`] when the file ended before its last tensor's data.
-    pub fn finish(self) -> Result<Vec<f32>, UpdateError> {
+    pub fn finish(self) -> Result<S, UpdateError> {
         match self.phase {
             Phase::Data { seg, .. } if seg == self.segments.len() && self.pending.is_empty() => {
                 Ok(self.out)
@@ -286,7 +351,7 @@ impl<'a> UpdateDecoder<'a> {
             at = s.end;
         }
         self.segments = segments;
-        self.out = vec![0.0; out];
+        self.out.size(out)?;
         self.phase = Phase::Data { pos: 0, seg: 0 };
         self.skip_empty();
         Ok(())
@@ -347,16 +412,13 @@ impl<'a> UpdateDecoder<'a> {
 /// Check the little-endian f32 values in `bytes` (a whole number of them) and store them from
 /// element `at` of `out` on.
 fn write(
-    out: &mut [f32],
+    out: &mut impl UpdateSink,
     at: usize,
     bytes: &[u8],
     spec: &ModelSpec,
     layer: usize,
 ) -> Result<(), UpdateError> {
-    let Some(dst) = out.get_mut(at..at + bytes.len() / 4) else {
-        return Err(UpdateError::PastEnd);
-    };
-    for (slot, b) in dst.iter_mut().zip(bytes.chunks_exact(4)) {
+    for b in bytes.chunks_exact(4) {
         let v = b.try_into().map_or(f32::NAN, f32::from_le_bytes);
         if !v.is_finite() || v.abs() > MAX_ABS_UPDATE_VALUE {
             let name = spec
@@ -370,9 +432,8 @@ fn write(
                 UpdateError::NotFinite { name }
             });
         }
-        *slot = v;
     }
-    Ok(())
+    out.put(at, bytes)
 }
 
 #[cfg(test)]

@@ -17,7 +17,15 @@
 //! The sketch buckets and their sum of squares are computed with exactly the arithmetic of
 //! [`super::sketch`] (same chunks, blocks, lanes and combination order), so a fused embedding is
 //! bit-identical to one computed by `count_sketch` alone.
+//!
+//! A residual may also be held in bf16 ([`ResidualElem`]): each chunk is widened into an f32
+//! buffer that stays in L1/L2, passed through the same chunk loop, and rounded back. Statistics
+//! and candidates are those of the f32 sums (bit-identical to the f32 pass over the widened
+//! residual); main-memory traffic on the residual halves.
 
+use std::cell::RefCell;
+
+use half::bf16;
 use rayon::prelude::*;
 
 use super::sketch::{ZEROS, fold, scratch, sketch_block};
@@ -53,6 +61,49 @@ struct ChunkSketch<'a> {
     sketch: &'a CountSketch,
     center: Option<&'a [f32]>,
     first: u64,
+}
+
+/// How a residual's elements are held: f32, or bf16 widened a chunk at a time.
+pub(crate) trait ResidualElem: Copy + Send + Sync {
+    /// Run `f` over `chunk` as f32 values and keep what it wrote (rounded, for bf16).
+    fn as_f32<T>(chunk: &mut [Self], f: impl FnOnce(&mut [f32]) -> T) -> T;
+    /// The value as f32.
+    fn widen(self) -> f32;
+}
+
+impl ResidualElem for f32 {
+    #[inline]
+    fn as_f32<T>(chunk: &mut [Self], f: impl FnOnce(&mut [Self]) -> T) -> T {
+        f(chunk)
+    }
+
+    #[inline]
+    fn widen(self) -> f32 {
+        self
+    }
+}
+
+impl ResidualElem for bf16 {
+    fn as_f32<T>(chunk: &mut [Self], f: impl FnOnce(&mut [f32]) -> T) -> T {
+        thread_local! {
+            // One chunk's f32 buffer per thread, reused: no allocation or zeroing per chunk.
+            static WIDE: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+        }
+        WIDE.with(|wide| {
+            let mut taken = wide.take();
+            taken.resize(chunk.len(), 0.0);
+            crate::convert::widen_bf16(chunk, &mut taken);
+            let out = f(&mut taken);
+            crate::convert::narrow_bf16(&taken, chunk);
+            wide.replace(taken);
+            out
+        })
+    }
+
+    #[inline]
+    fn widen(self) -> f32 {
+        self.to_f32()
+    }
 }
 
 /// `r += u` with statistics lanes, flat over a chunk (the loop of `accumulate`).
@@ -142,9 +193,9 @@ fn fused_chunk(
     }
 }
 
-pub(super) fn accumulate_fused(
+pub(super) fn accumulate_fused<R: ResidualElem>(
     parallel: bool,
-    residual: &mut [f32],
+    residual: &mut [R],
     update: &[f32],
     sketch: Option<SketchInto<'_>>,
     threshold: Option<f32>,
@@ -189,8 +240,9 @@ pub(super) fn accumulate_fused(
             .enumerate()
             .map(|(c, (r, u))| {
                 let mut cand = Candidates::default();
-                let part =
-                    fused_chunk(r, u, c * CHUNK, chunk_sketch.as_ref(), threshold, &mut cand);
+                let part = R::as_f32(r, |r| {
+                    fused_chunk(r, u, c * CHUNK, chunk_sketch.as_ref(), threshold, &mut cand)
+                });
                 (part, cand)
             })
             .collect();
@@ -210,14 +262,16 @@ pub(super) fn accumulate_fused(
             .zip(update.chunks(CHUNK))
             .enumerate()
             .map(|(c, (r, u))| {
-                fused_chunk(
-                    r,
-                    u,
-                    c * CHUNK,
-                    chunk_sketch.as_ref(),
-                    threshold,
-                    &mut candidates,
-                )
+                R::as_f32(r, |r| {
+                    fused_chunk(
+                        r,
+                        u,
+                        c * CHUNK,
+                        chunk_sketch.as_ref(),
+                        threshold,
+                        &mut candidates,
+                    )
+                })
             })
             .collect()
     };
@@ -236,7 +290,10 @@ pub(super) fn accumulate_fused(
         if let Some((index, value)) = first_non_finite(update) {
             return Err(AccumulateError::NonFinite { index, value });
         }
-        let index = first_non_finite(residual).map_or(0, |(i, _)| i);
+        let index = residual
+            .iter()
+            .position(|r| !r.widen().is_finite())
+            .unwrap_or(0);
         return Err(AccumulateError::Overflow { index });
     }
     if let Some(s) = sketch {
@@ -269,8 +326,8 @@ pub(super) fn accumulate_fused(
 
 /// A magnitude that, with high probability, at least `k` entries of `residual + update` reach,
 /// estimated from a seeded sample; `None` when sampling cannot save work (short slices, large k).
-pub(super) fn sample_threshold(
-    residual: &[f32],
+pub(super) fn sample_threshold<R: ResidualElem>(
+    residual: &[R],
     update: &[f32],
     k: usize,
     seed: u64,
@@ -288,7 +345,11 @@ pub(super) fn sample_threshold(
             residual.get(start..start + RUN),
             update.get(start..start + RUN),
         ) {
-            sample.extend(r.iter().zip(u).map(|(a, b)| (a + b).to_bits() & ABS));
+            sample.extend(
+                r.iter()
+                    .zip(u)
+                    .map(|(a, b)| (a.widen() + b).to_bits() & ABS),
+            );
         }
     }
     let expect = k as f64 / len as f64 * sample.len() as f64;

@@ -13,6 +13,7 @@ mod sign;
 mod sketch;
 mod topk;
 
+use half::bf16;
 use rayon::prelude::*;
 
 use crate::error::{
@@ -326,6 +327,43 @@ pub trait Kernels {
         candidates: Candidates,
         k: usize,
     ) -> Result<Selection, TopKError>;
+
+    /// [`Kernels::accumulate_fused`] without the sketch, over a residual held in bf16:
+    /// `residual += update` in f32 a chunk at a time (the chunk widened in cache, never the
+    /// slice), rounded back with [`crate::narrow_bf16`]. Statistics and candidates are those of
+    /// the f32 sums before rounding, bit-identical to `accumulate_fused` over the widened
+    /// residual.
+    ///
+    /// # Errors
+    /// As [`Kernels::accumulate_fused`].
+    fn accumulate_fused_bf16(
+        &self,
+        residual: &mut [bf16],
+        update: &[f32],
+        threshold: Option<f32>,
+    ) -> Result<Fused, AccumulateError>;
+
+    /// [`Kernels::sample_threshold`] of a residual held in bf16 (the same sample, widened).
+    fn sample_threshold_bf16(
+        &self,
+        residual: &[bf16],
+        update: &[f32],
+        k: usize,
+        seed: u64,
+    ) -> Option<f32>;
+
+    /// [`Kernels::topk_candidates`] of a residual held in bf16, which is left as it was (the
+    /// caller writes the selected entries): the top `k` of the candidates when there are at
+    /// least `k` (the residual is not read), otherwise the exact top `k` of a widened copy.
+    ///
+    /// # Errors
+    /// As [`Kernels::topk_exact`].
+    fn topk_candidates_bf16(
+        &self,
+        residual: &[bf16],
+        candidates: Candidates,
+        k: usize,
+    ) -> Result<Selection, TopKError>;
 }
 
 impl Kernels for CpuBackend {
@@ -438,5 +476,39 @@ impl Kernels for CpuBackend {
             k,
             false,
         )
+    }
+
+    fn accumulate_fused_bf16(
+        &self,
+        residual: &mut [bf16],
+        update: &[f32],
+        threshold: Option<f32>,
+    ) -> Result<Fused, AccumulateError> {
+        fused::accumulate_fused(
+            self.parallel(update.len()),
+            residual,
+            update,
+            None,
+            threshold,
+        )
+    }
+
+    fn sample_threshold_bf16(
+        &self,
+        residual: &[bf16],
+        update: &[f32],
+        k: usize,
+        seed: u64,
+    ) -> Option<f32> {
+        fused::sample_threshold(residual, update, k, seed)
+    }
+
+    fn topk_candidates_bf16(
+        &self,
+        residual: &[bf16],
+        candidates: Candidates,
+        k: usize,
+    ) -> Result<Selection, TopKError> {
+        topk::from_candidates_bf16(self.parallel(residual.len()), residual, candidates, k)
     }
 }

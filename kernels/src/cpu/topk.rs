@@ -14,6 +14,7 @@
 //!   high probability; one pass collects the entries above it, and the exact top `k` of those is
 //!   the answer. If the sample over-estimated the threshold, the exact method runs instead.
 
+use half::bf16;
 use rayon::prelude::*;
 
 use super::{ABS, INF_BITS, first_non_finite, map_chunks};
@@ -194,6 +195,37 @@ pub(super) fn from_candidates(
         SelectMethod::Sampled { candidates: n },
         zero,
     ))
+}
+
+/// [`from_candidates`] of a residual held in bf16, which it leaves as it was: the top `k` of the
+/// candidates when they are enough (the residual is not read), otherwise the exact method on a
+/// widened copy.
+pub(super) fn from_candidates_bf16(
+    parallel: bool,
+    residual: &[bf16],
+    candidates: Candidates,
+    k: usize,
+) -> Result<Selection, TopKError> {
+    check(residual.len(), k)?;
+    let consistent = candidates.indices.len() == candidates.values.len()
+        && candidates.values.iter().all(|v| v.is_finite())
+        && candidates
+            .indices
+            .last()
+            .is_none_or(|&i| (i as usize) < residual.len());
+    if consistent && candidates.len() >= k {
+        let n = candidates.len();
+        return Ok(finish(
+            &mut [],
+            candidates,
+            k,
+            SelectMethod::Sampled { candidates: n },
+            false,
+        ));
+    }
+    let mut wide = vec![0f32; residual.len()];
+    crate::convert::widen_bf16(residual, &mut wide);
+    exact_with(parallel, &mut wide, k, SelectMethod::SampledFellBack)
 }
 
 pub(super) fn exact(

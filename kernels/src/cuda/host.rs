@@ -5,6 +5,7 @@
 //! any other reason) is discarded before anything is written back, and the CPU kernel reruns on
 //! the untouched host slices and reports the exact typed error (with the offending index).
 
+use half::bf16;
 use tracing::debug;
 
 use super::{CudaBackend, CudaError, DEVICE_MIN_LEN};
@@ -230,5 +231,34 @@ impl Kernels for CudaBackend {
         k: usize,
     ) -> Result<Selection, TopKError> {
         self.cpu().topk_candidates(residual, candidates, k)
+    }
+
+    fn accumulate_fused_bf16(
+        &self,
+        residual: &mut [bf16],
+        update: &[f32],
+        threshold: Option<f32>,
+    ) -> Result<Fused, AccumulateError> {
+        self.cpu()
+            .accumulate_fused_bf16(residual, update, threshold)
+    }
+
+    fn sample_threshold_bf16(
+        &self,
+        residual: &[bf16],
+        update: &[f32],
+        k: usize,
+        seed: u64,
+    ) -> Option<f32> {
+        self.cpu().sample_threshold_bf16(residual, update, k, seed)
+    }
+
+    fn topk_candidates_bf16(
+        &self,
+        residual: &[bf16],
+        candidates: Candidates,
+        k: usize,
+    ) -> Result<Selection, TopKError> {
+        self.cpu().topk_candidates_bf16(residual, candidates, k)
     }
 }
