@@ -274,6 +274,16 @@ impl Distiller {
             .embed_sum(&self.layout, terms, self.running_mean())
     }
 
+    /// The embedding an update read a layer at a time would get now ([`Embedder::embed_layers`]),
+    /// without changing any state.
+    ///
+    /// # Errors
+    /// [`EmbedError`] on a layer of the wrong length or a non-finite value.
+    pub fn embed_from(&self, update: &mut impl LayerSource) -> Result<Embedded, EmbedError> {
+        self.embedder
+            .embed_layers(&self.layout, update, self.running_mean())
+    }
+
     /// Fold an accepted peer update (decoded, dense) into the running mean that centres
     /// embeddings. This never touches the residuals: merged or peer updates must not feed back into
     /// error feedback.

@@ -445,8 +445,9 @@ impl Engine {
             }
             UpdateValues::Staged(staged) => {
                 // Each layer read from the file into a buffer of the largest layer's size, once
-                // by the distiller and once more for the key. A failed read is a zero layer for
-                // the distiller and this round's error.
+                // by the distiller and once more for the key. A failed read (the node's own disk)
+                // is a zero layer for the distiller and this round's error: the round sends no
+                // packet, and what the distiller took as sent is lost to error feedback.
                 let mut failed = None;
                 let mut read = |start: usize, out: &mut [f32]| {
                     if let Err(e) = staged.read(start, out) {
@@ -460,24 +461,20 @@ impl Engine {
                     .distill_checked_from(&mut Filled::new(&mut read))
                     .map_err(|e| distill_err(&e))?;
                 let time = distill_time(timer);
+                // `update + (base − origin)`: the sum `embed_sum` forms in the other arm.
                 let (base, origin) = (&self.base, &self.origin);
                 let mut cumulative = Filled::new(|start: usize, out: &mut [f32]| {
                     read(start, out);
-                    let (b, o) = (base.get(start..), origin.get(start..));
-                    for (x, (b, o)) in out
-                        .iter_mut()
-                        .zip(b.zip(o).into_iter().flat_map(|(b, o)| b.iter().zip(o)))
-                    {
+                    let range = start..start + out.len();
+                    let b = base.get(range.clone()).unwrap_or_default();
+                    let o = origin.get(range).unwrap_or_default();
+                    for ((x, b), o) in out.iter_mut().zip(b).zip(o) {
                         *x += b - o;
                     }
                 });
-                let embedder = self.distiller.embedder();
-                let embedded = embedder
-                    .embed_layers(
-                        self.distiller.layout(),
-                        &mut cumulative,
-                        self.distiller.running_mean(),
-                    )
+                let embedded = self
+                    .distiller
+                    .embed_from(&mut cumulative)
                     .map_err(|e| distill_err(&e))?;
                 drop(cumulative);
                 if let Some(e) = failed {
