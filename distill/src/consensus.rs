@@ -30,7 +30,10 @@
 //! ```
 
 use kindred_kernels::{Backend, Kernels, QuantizeError, Rounding};
-use kindred_proto::{DenseValues, LayerPayload, ModelSpec, PacketBody, TopK, encoded_layer_len};
+use kindred_proto::{
+    BodyEncoder, DenseValues, EncodedBody, LayerPayload, ModelSpec, PacketBody, TopK,
+    encoded_layer_len,
+};
 
 use crate::layout::Layout;
 
@@ -188,14 +191,62 @@ pub fn snapshot(
     origin: &[f32],
     spec: &ModelSpec,
 ) -> Result<PacketBody, ConsensusError> {
+    let mut layers = Vec::with_capacity(spec.layers().len());
+    snapshot_layers(params, origin, spec, |layer| layers.push(layer))?;
+    Ok(PacketBody { layers })
+}
+
+/// [`snapshot`], encoded as each layer is quantised ([`BodyEncoder`]): the layers are never
+/// held together, and the bytes once. What a node seals its model with
+/// ([`kindred_proto::seal_snapshot_encoded`]): at 10^9 parameters the body alone is 1 GB.
+///
+/// ```
+/// use kindred_distill::{snapshot, snapshot_encoded};
+/// use kindred_proto::{DType, LayerSpec, ModelSpec, encode_body};
+///
+/// let spec = ModelSpec::new(vec![LayerSpec::new("w", [4], DType::F32)])?;
+/// let (params, origin) = ([0.5, -1.0, 0.0, 2.0], [0.0; 4]);
+/// let encoded = snapshot_encoded(&params, &origin, &spec)?;
+/// assert_eq!(encoded.bytes, encode_body(&snapshot(&params, &origin, &spec)?));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # Errors
+/// As [`snapshot`].
+pub fn snapshot_encoded(
+    params: &[f32],
+    origin: &[f32],
+    spec: &ModelSpec,
+) -> Result<EncodedBody, ConsensusError> {
+    // Dense int8 is the most a layer takes (a sparse one is sent only when smaller): room for
+    // that is reserved, and only what the layers fill is ever touched.
+    let most = spec
+        .layers()
+        .iter()
+        .map(|l| l.numel() as usize + 16)
+        .fold(0usize, usize::saturating_add);
+    let mut encoder = BodyEncoder::new(spec.layers().len(), most);
+    snapshot_layers(params, origin, spec, |layer| encoder.push(&layer))?;
+    Ok(encoder.finish())
+}
+
+/// Quantise each layer of `params − origin` in turn, handing it to `each`.
+fn snapshot_layers(
+    params: &[f32],
+    origin: &[f32],
+    spec: &ModelSpec,
+    mut each: impl FnMut(LayerPayload),
+) -> Result<(), ConsensusError> {
     let layout = Layout::new(spec);
     check_len(layout.len(), params.len())?;
     check_len(layout.len(), origin.len())?;
     // The distiller's own int8 quantiser (`Kernels::quantize_i8`: max |x| / 127, vectorised,
-    // refuses non-finite input, keeps 127 · scale finite as receivers require).
+    // refuses non-finite input, keeps 127 · scale finite as receivers require), a piece of a
+    // layer at a time: the difference is never held in f32 beyond one piece (a large
+    // model's embedding is a tenth of it or more).
+    const PIECE: usize = 1 << 16;
     let backend = Backend::cpu();
-    let mut diff = Vec::new();
-    let mut layers = Vec::with_capacity(layout.layers());
+    let mut diff = Vec::with_capacity(PIECE);
     for range in layout.ranges() {
         let start = range.start;
         let (Some(p), Some(o)) = (params.get(range.clone()), origin.get(range)) else {
@@ -204,24 +255,51 @@ pub fn snapshot(
                 found: params.len(),
             });
         };
-        diff.clear();
-        diff.extend(p.iter().zip(o).map(|(x, o)| x - o));
-        let mut values = vec![0i8; diff.len()];
-        let scale = backend
-            .quantize_i8(&diff, Rounding::Nearest, &mut values)
-            .map_err(|e| match e {
-                QuantizeError::NonFinite { index, .. } => ConsensusError::NonFinite {
-                    index: start + index,
-                },
-                // Same lengths by construction; reported as such if that ever changes.
-                _ => ConsensusError::Length {
-                    expected: diff.len(),
-                    found: values.len(),
-                },
-            })?;
-        layers.push(smaller_int8(values, scale));
+        let abs_max = abs_max_of_difference(p, o)
+            .map_err(|i| ConsensusError::NonFinite { index: start + i })?;
+        let mut values = vec![0i8; p.len()];
+        let mut scale = 0.0;
+        for (k, ((p, o), q)) in p
+            .chunks(PIECE)
+            .zip(o.chunks(PIECE))
+            .zip(values.chunks_mut(PIECE))
+            .enumerate()
+        {
+            diff.clear();
+            diff.extend(p.iter().zip(o).map(|(x, o)| x - o));
+            scale = backend
+                .quantize_i8_piece(&diff, abs_max, k * PIECE, Rounding::Nearest, q)
+                .map_err(|e| match e {
+                    QuantizeError::NonFinite { index, .. } => ConsensusError::NonFinite {
+                        index: start + k * PIECE + index,
+                    },
+                    // Same lengths by construction; reported as such if that ever changes.
+                    _ => ConsensusError::Length {
+                        expected: diff.len(),
+                        found: q.len(),
+                    },
+                })?;
+        }
+        each(smaller_int8(values, scale));
     }
-    Ok(PacketBody { layers })
+    Ok(())
+}
+
+/// max |p − o| over a layer, or the position of the first difference that is not finite.
+fn abs_max_of_difference(p: &[f32], o: &[f32]) -> Result<f32, usize> {
+    // Branch-free, so it vectorises: `d · 0` is NaN exactly when `d` is not finite.
+    let (max, probe) = p.iter().zip(o).fold((0f32, 0f32), |(m, z), (x, o)| {
+        let d = x - o;
+        (m.max(d.abs()), z + d * 0.0)
+    });
+    if max.is_finite() && !probe.is_nan() {
+        return Ok(max);
+    }
+    Err(p
+        .iter()
+        .zip(o)
+        .position(|(x, o)| !(x - o).is_finite())
+        .unwrap_or(0))
 }
 
 /// The int8 layer `values · scale` as whichever payload is smaller on the wire: dense, or
@@ -316,7 +394,8 @@ mod tests {
     use super::*;
     use crate::decode;
     use kindred_proto::{
-        DType, HeaderFields, LayerSpec, decode_body, decode_header, encode_body, seal,
+        CompressionSummary, DType, HeaderFields, LayerSpec, decode_body, decode_header,
+        encode_body, seal,
     };
     use libp2p_identity::ed25519;
     use proptest::prelude::*;
@@ -431,6 +510,10 @@ mod tests {
             *p = 1.0 + i as f32 * 0.01;
         }
         let body = snapshot(&params, &origin, &spec).unwrap();
+        // Encoded a layer at a time, the same bytes and summary.
+        let encoded = snapshot_encoded(&params, &origin, &spec).unwrap();
+        assert_eq!(encoded.bytes, encode_body(&body));
+        assert_eq!(encoded.compression, CompressionSummary::of(&body));
         let LayerPayload::TopK(t) = &body.layers[0] else {
             panic!("{:?}", body.layers[0].kind())
         };

@@ -92,6 +92,94 @@ pub fn decode_update(body: &PacketBody, spec: &ModelSpec) -> Result<Update, Deco
     Ok(out.finish())
 }
 
+/// [`decode`]'s values one at a time, a layer decoded when the iterator reaches it: a whole
+/// model's body (a hub's int8 snapshot, a quarter of the model in f32) is read without ever
+/// being held in f32, one layer's buffer at most.
+///
+/// A layer that does not decode ends the iteration early ([`DecodedValues::error`] says why),
+/// so a consumer that counts the values it read (every one here checks lengths) refuses it.
+///
+/// ```
+/// use kindred_distill::{decode, decode_iter};
+/// use kindred_proto::*;
+/// let spec = ModelSpec::new(vec![LayerSpec::new("a", [2], DType::F32), LayerSpec::new("b", [6], DType::F32)])?;
+/// let body = PacketBody {
+///     layers: vec![
+///         LayerPayload::Dense(DenseValues::F32(vec![1.0, -1.0])),
+///         LayerPayload::TopK(TopK { len: 6, indices: vec![1, 4], values: vec![127, -64], scale: 0.5 }),
+///     ],
+/// };
+/// let values: Vec<f32> = decode_iter(&body, &spec)?.collect();
+/// assert_eq!(values, decode(&body, &spec)?);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # Errors
+/// [`DecodeError`] when the body's layer count or a layer's size does not fit the spec (the
+/// layers' values are checked as they are reached).
+pub fn decode_iter<'a>(
+    body: &'a PacketBody,
+    spec: &ModelSpec,
+) -> Result<DecodedValues<'a>, DecodeError> {
+    let layout = checked_layout(body, spec)?;
+    Ok(DecodedValues {
+        layers: body
+            .layers
+            .iter()
+            .zip(layout.ranges().map(|r| r.len()).collect::<Vec<_>>()),
+        layer: 0,
+        buffer: Vec::new(),
+        next: 0,
+        backend: Backend::cpu(),
+        error: None,
+    })
+}
+
+/// The iterator of [`decode_iter`].
+#[derive(Debug)]
+pub struct DecodedValues<'a> {
+    layers: std::iter::Zip<std::slice::Iter<'a, LayerPayload>, std::vec::IntoIter<usize>>,
+    /// Index of the next layer to decode.
+    layer: usize,
+    buffer: Vec<f32>,
+    /// Next value of `buffer` to hand out.
+    next: usize,
+    backend: Backend,
+    error: Option<DecodeError>,
+}
+
+impl DecodedValues<'_> {
+    /// Why the iteration ended before the body's end, if it did.
+    pub fn error(&self) -> Option<&DecodeError> {
+        self.error.as_ref()
+    }
+}
+
+impl Iterator for DecodedValues<'_> {
+    type Item = f32;
+
+    fn next(&mut self) -> Option<f32> {
+        loop {
+            if let Some(&v) = self.buffer.get(self.next) {
+                self.next += 1;
+                return Some(v);
+            }
+            if self.error.is_some() {
+                return None;
+            }
+            let (payload, len) = self.layers.next()?;
+            self.buffer.clear();
+            self.buffer.resize(len, 0.0);
+            self.next = 0;
+            if let Err(e) = decode_layer(&self.backend, self.layer, payload, &mut self.buffer) {
+                self.buffer.clear();
+                self.error = Some(e);
+            }
+            self.layer += 1;
+        }
+    }
+}
+
 /// The spec's layout once `body` has its layer count and every layer its size.
 fn checked_layout(body: &PacketBody, spec: &ModelSpec) -> Result<Layout, DecodeError> {
     let layout = Layout::new(spec);

@@ -68,9 +68,10 @@ pub use aggregate::{
     check_by_data, check_head,
 };
 pub use consensus::{
-    ConsensusError, Pull, PullConfig, pull, snapshot, snapshot_partner, snapshot_partners,
+    ConsensusError, Pull, PullConfig, pull, snapshot, snapshot_encoded, snapshot_partner,
+    snapshot_partners,
 };
-pub use decode::{decode, decode_update};
+pub use decode::{DecodedValues, decode, decode_iter, decode_update};
 pub use distiller::{Distilled, Distiller, LayerReport, Report};
 pub use embed::{Embedded, Embedder, EmbeddingConfig};
 pub use error::{ConfigError, DecodeError, DistillError, EmbedError, RestoreError, SynthError};

@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used)]
 
 use half::f16;
-use kindred_distill::{DecodeError, decode, decode_update};
+use kindred_distill::{DecodeError, decode, decode_iter, decode_update};
 use kindred_proto::{
     DType, DenseValues, LayerPayload, LayerSpec, ModelSpec, PacketBody, SignBits, TopK,
 };
@@ -48,6 +48,18 @@ fn both(body: &PacketBody, spec: &ModelSpec) -> Result<Vec<f32>, DecodeError> {
     let kept = decode_update(body, spec).map(|u| u.to_dense());
     // Through Debug: an error may carry a NaN scale.
     assert_eq!(format!("{dense:?}"), format!("{kept:?}"));
+    // A layer at a time: the same values, or the same error (up front, or where it stops).
+    let iterated = match decode_iter(body, spec) {
+        Err(e) => format!("{:?}", Err::<Vec<f32>, _>(e)),
+        Ok(mut values) => {
+            let read: Vec<f32> = values.by_ref().collect();
+            match values.error() {
+                Some(e) => format!("{:?}", Err::<Vec<f32>, _>(e)),
+                None => format!("{:?}", Ok::<_, DecodeError>(read)),
+            }
+        }
+    };
+    assert_eq!(format!("{dense:?}"), iterated);
     dense
 }
 

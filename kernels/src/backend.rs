@@ -173,6 +173,17 @@ impl Kernels for Backend {
         dispatch!(self, b => b.quantize_i8(x, rounding, out))
     }
 
+    fn quantize_i8_piece(
+        &self,
+        x: &[f32],
+        abs_max: f32,
+        start: usize,
+        rounding: Rounding,
+        out: &mut [i8],
+    ) -> Result<f32, QuantizeError> {
+        dispatch!(self, b => b.quantize_i8_piece(x, abs_max, start, rounding, out))
+    }
+
     fn dequantize_i8(&self, q: &[i8], scale: f32, out: &mut [f32]) -> Result<(), DequantizeError> {
         dispatch!(self, b => b.dequantize_i8(q, scale, out))
     }

@@ -77,3 +77,46 @@ fn identical_across_runs_and_thread_counts() {
         assert!(got == reference, "{threads} threads differ from one");
     }
 }
+
+#[test]
+fn a_tensor_quantised_in_pieces_is_the_tensor_quantised_whole() {
+    // Pieces of uneven lengths, ragged against the 2^14 chunks (aligned ones for stochastic
+    // rounding, whose stream is keyed by chunk).
+    let x = heavy((1 << 18) + 777, 5);
+    let abs_max = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+    for backend in common::backends() {
+        for (rounding, cuts) in [
+            (
+                Rounding::Nearest,
+                vec![0, 1, 5_000, 70_001, 200_000, x.len()],
+            ),
+            (
+                Rounding::Stochastic { seed: 3 },
+                vec![0, 1 << 14, 5 << 14, 12 << 14, x.len()],
+            ),
+        ] {
+            let mut whole = vec![0i8; x.len()];
+            let scale = backend.quantize_i8(&x, rounding, &mut whole).unwrap();
+            let mut pieces = vec![0i8; x.len()];
+            for w in cuts.windows(2) {
+                let (a, b) = (w[0], w[1]);
+                let s = backend
+                    .quantize_i8_piece(&x[a..b], abs_max, a, rounding, &mut pieces[a..b])
+                    .unwrap();
+                assert_eq!(s.to_bits(), scale.to_bits(), "{}", backend.name());
+            }
+            assert!(whole == pieces, "{} {rounding:?}", backend.name());
+        }
+        // A piece whose own max is larger takes its own scale; a bad max is refused.
+        let mut q = vec![0i8; 4];
+        let s = backend
+            .quantize_i8_piece(&[0.0, 2.54, -1.0, 0.5], 1.27, 8, Rounding::Nearest, &mut q)
+            .unwrap();
+        assert_eq!((s, q), (0.02, vec![0, 127, -50, 25]));
+        assert!(
+            backend
+                .quantize_i8_piece(&[1.0], f32::NAN, 0, Rounding::Nearest, &mut [0])
+                .is_err()
+        );
+    }
+}

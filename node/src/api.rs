@@ -7,7 +7,7 @@
 //! | `GET /metrics` | Prometheus text exposition |
 //! | `GET /v1/spec` | JSON: model id and layers (name, shape, dtype) an update must match |
 //! | `POST /v1/update?samples=N&loss=L` | safetensors body: this round's update, one f32 tensor per layer; 202 when queued |
-//! | `GET /v1/merged?after=R` | safetensors of the newest merged update of a round > R (204 until one exists) |
+//! | `GET /v1/merged?after=R` | safetensors of the newest merged update of a round > R (204 until one exists; the hub exchange releases it when the next update arrives) |
 //!
 //! An external trainer (a PyTorch job on the same host, through the `kindred` Python package in
 //! `node/python`) pushes its update each round and pulls the merged one; the node does the rest.
@@ -31,7 +31,7 @@
 //!   answered 409, and an upload while this round's update is already queued is answered 503,
 //!   both before their bodies are read. The body is decoded as it arrives
 //!   ([`crate::update_stream`]), never buffered, and its checked values are written to a staging
-//!   file in the node's data directory (`staging/`, [`crate::staged`]; removed once distilled or
+//!   file in the node's store (`store/staging/`, [`crate::staged`]; removed once distilled or
 //!   refused): the memory an upload holds is its header and a few body frames, whatever the
 //!   model's size or the number of clients. 500 when the file cannot be written.
 //! - **Values**: `samples` must be in `1..=`[`kindred_proto::MAX_SAMPLES`], `loss` finite with
@@ -55,7 +55,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
-use kindred_distill::Update;
 use kindred_proto::{MAX_ABS_LOSS, MAX_SAMPLES, ModelSpec};
 use safetensors::{Dtype, tensor::TensorView};
 use serde::{Deserialize, Serialize};
@@ -63,7 +62,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, mpsc, watch};
 
 use crate::engine::{ExternalUpdate, UpdateValues};
-use crate::merged;
+use crate::merged::{self, MergedUpdate};
 use crate::metrics::NodeMetrics;
 use crate::staged::StagedUpdate;
 use crate::update_stream::{UpdateDecoder, UpdateError};
@@ -334,7 +333,7 @@ pub struct Shared {
     /// Status, updated by the round loop.
     pub status: RwLock<Status>,
     /// The update the newest round applied, with its round; served as safetensors.
-    pub merged: RwLock<Option<(u64, Arc<Update>)>>,
+    pub merged: RwLock<Option<(u64, Arc<MergedUpdate>)>>,
     /// Metrics.
     pub metrics: NodeMetrics,
     /// The model spec.
@@ -715,9 +714,11 @@ async fn merged(State(api): State<Arc<Api>>, Query(q): Query<MergedParams>) -> R
                     round.to_string(),
                 ),
             ],
-            Body::from_stream(futures::stream::iter(
-                chunks.map(Ok::<_, std::convert::Infallible>),
-            )),
+            Body::from_stream(futures::stream::iter(chunks.inspect(|c| {
+                if let Err(e) = c {
+                    tracing::error!(error = %e, "cannot read the merged update");
+                }
+            }))),
         )
             .into_response(),
         Err(e) => {

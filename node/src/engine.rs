@@ -21,16 +21,18 @@ use std::sync::Arc;
 use kindred_distill::{
     ConsensusError, Distiller, DistillerState, EmbeddingConfig, Filled, HeadScores, Policy, Pull,
     PullConfig, SynthConfig, Update, UpdateBuilder, UpdateRef, UpdateView, Verdict, decode,
-    decode_update, pull, snapshot, synthesize,
+    decode_iter, decode_update, pull, snapshot_encoded, synthesize,
 };
 use kindred_proto::{
-    Embedding, HeaderFields, ModelSpec, OutcomePacket, PacketId, SealedPacket, seal, seal_snapshot,
+    Embedding, HeaderFields, ModelSpec, OutcomePacket, PacketBody, PacketId, SealedPacket, seal,
+    seal_snapshot_encoded,
 };
 use libp2p_identity::{PeerId, PublicKey, ed25519};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
 use crate::config::{NodeConfig, TrainerKind};
+use crate::merged::MergedUpdate;
 use crate::staged::StagedUpdate;
 use crate::store::{RoundState, Store};
 use crate::trainer::{Examples, Mnist, Model, Split, TrainConfig};
@@ -580,7 +582,8 @@ impl Engine {
     /// [`EngineError::Snapshot`] when a parameter is not finite (the model has diverged),
     /// [`EngineError::Seal`] when the snapshot is over the wire's body limit.
     pub fn seal_snapshot(&self, round: u64, unix_ms: u64) -> Result<SealedPacket, EngineError> {
-        let body = snapshot(&self.base, &self.origin, &self.spec)?;
+        // Encoded as each layer is quantised: the body's bytes are the only copy of it.
+        let body = snapshot_encoded(&self.base, &self.origin, &self.spec)?;
         let fields = HeaderFields {
             round,
             unix_ms,
@@ -589,7 +592,12 @@ impl Engine {
             // Snapshots are fetched from a known partner, never routed: no embedding.
             embedding: Embedding::default(),
         };
-        Ok(seal_snapshot(&self.keypair, &self.spec, fields, &body)?)
+        Ok(seal_snapshot_encoded(
+            &self.keypair,
+            &self.spec,
+            fields,
+            body,
+        )?)
     }
 
     /// Which of this round's merge `partners` (best agreement first, as
@@ -749,57 +757,54 @@ impl Engine {
     /// update since the common initial model). Returns what changed: the update an external
     /// trainer applies to follow.
     ///
-    /// `adopt` is consumed: its buffer becomes the change returned (or the new parameters), so
-    /// adopting a model holds no vector of the model's size beyond it and the node's own.
+    /// `adopt` is the hub's snapshot body as fetched, decoded a layer at a time
+    /// ([`kindred_distill::decode_iter`]): adopting a model holds one vector of the model's
+    /// size beyond the node's own, the change returned.
     ///
     /// # Errors
-    /// [`EngineError::Model`] when the model cannot take the parameters; nothing changes then.
+    /// [`EngineError::Model`] when the model cannot take the parameters, or
+    /// [`EngineError::Checkpoint`] when `adopt` does not decode to the model's size; nothing
+    /// changes then.
     pub fn apply(
         &mut self,
-        adopt: Option<Vec<f32>>,
+        adopt: Option<&PacketBody>,
         update: Option<UpdateView<'_>>,
-    ) -> Result<Update, EngineError> {
-        let mut entries = update.into_iter().flat_map(|u| u.nonzero()).peekable();
+    ) -> Result<MergedUpdate, EngineError> {
         if matches!(self.source, Source::External { .. }) {
-            // In place, the same arithmetic as the built-in model's path below without a
-            // second model-sized vector (what a large external model's round peaks on).
-            return Ok(match adopt {
-                // Only where the update is nonzero does anything change: a merge's few
-                // percent of entries.
-                None => {
-                    let mut delta = UpdateBuilder::new(self.base.len());
-                    for (i, u) in entries {
-                        if let Some(b) = self.base.get_mut(i) {
-                            let n = *b + u;
-                            delta.push(i, n - *b);
-                            *b = n;
-                        }
-                    }
-                    delta.finish()
-                }
-                // A hub's model replaces every parameter; its buffer turns into the change.
-                Some(mut cumulative) => {
-                    if cumulative.len() != self.base.len() {
-                        return Err(EngineError::Checkpoint(format!(
-                            "the hub's model has {} values, this one {}",
-                            cumulative.len(),
-                            self.base.len()
-                        )));
-                    }
-                    let starts = self.origin.iter().zip(&mut cumulative);
-                    for (i, (b, (o, c))) in self.base.iter_mut().zip(starts).enumerate() {
-                        let mut n = o + *c;
-                        if let Some((_, u)) = entries.next_if(|&(j, _)| j == i) {
-                            n += u;
-                        }
-                        *c = n - *b;
+            let Some(body) = adopt else {
+                // In place, and only where the update is nonzero does anything change: a
+                // merge's few percent of entries.
+                let hint = match update {
+                    Some(UpdateView::Sparse(s)) => s.indices().len(),
+                    _ => 0,
+                };
+                let mut delta = UpdateBuilder::with_capacity(self.base.len(), hint);
+                for (i, u) in update.into_iter().flat_map(|u| u.nonzero()) {
+                    if let Some(b) = self.base.get_mut(i) {
+                        let n = *b + u;
+                        delta.push(i, n - *b);
                         *b = n;
                     }
-                    Update::from_dense(cumulative)
                 }
-            });
+                return Ok(delta.finish().into());
+            };
+            return self.adopt_staged(body, update);
         }
-        let mut next = match adopt {
+        // The built-in trainer's (small) model: the adopted values read whole, every one or
+        // none, before anything changes.
+        let adopted = match adopt {
+            Some(body) => {
+                let mut values = decode_iter(body, &self.spec).map_err(hub_model_error)?;
+                let cumulative: Vec<f32> = values.by_ref().take(self.base.len()).collect();
+                if let Some(e) = values.error() {
+                    return Err(hub_model_error(e.clone()));
+                }
+                Some(cumulative)
+            }
+            None => None,
+        };
+        let entries = update.into_iter().flat_map(|u| u.nonzero());
+        let mut next = match adopted {
             Some(mut cumulative) => {
                 for (c, o) in cumulative.iter_mut().zip(&self.origin) {
                     *c += o;
@@ -823,7 +828,58 @@ impl Engine {
         }
         let delta = next.iter().zip(&self.base).map(|(n, b)| n - b).collect();
         self.base = next;
-        Ok(Update::from_dense(delta))
+        Ok(Update::from_dense(delta).into())
+    }
+
+    /// An external trainer's node adopting its hub's model: every parameter changes, to
+    /// `origin + cumulative (+ update)`. The change is computed a piece at a time into a staging
+    /// file (what the trainer fetches), then the model set, decoding the hub's body once for
+    /// each pass: neither the hub's model in f32 nor the change is ever whole in memory (at
+    /// 10^9 parameters each would be 4 GB beside the node's own), and a body that does not
+    /// decode leaves the model as it was.
+    fn adopt_staged(
+        &mut self,
+        body: &PacketBody,
+        update: Option<UpdateView<'_>>,
+    ) -> Result<MergedUpdate, EngineError> {
+        const PIECE: usize = 1 << 16;
+        let staging_error = |e: std::io::Error| EngineError::Staged(e.to_string());
+        let staged = StagedUpdate::create(&self.store.staging_dir(), self.base.len())
+            .map_err(staging_error)?;
+        let mut values = decode_iter(body, &self.spec).map_err(hub_model_error)?;
+        let (mut piece, mut at) = (Vec::with_capacity(PIECE), 0);
+        for (n, b) in adopted_model(&self.origin, values.by_ref(), update).zip(&self.base) {
+            piece.push(n - b);
+            if piece.len() == PIECE {
+                staged
+                    .write_le(at, &kindred_distill::f32_le_bytes(&piece))
+                    .map_err(staging_error)?;
+                at += PIECE;
+                piece.clear();
+            }
+        }
+        staged
+            .write_le(at, &kindred_distill::f32_le_bytes(&piece))
+            .map_err(staging_error)?;
+        if let Some(e) = values.error() {
+            return Err(hub_model_error(e.clone()));
+        }
+        if at + piece.len() != self.base.len() {
+            return Err(EngineError::Checkpoint(format!(
+                "the hub's model has {} values, this one {}",
+                at + piece.len(),
+                self.base.len()
+            )));
+        }
+        let values = decode_iter(body, &self.spec).map_err(hub_model_error)?;
+        for (b, n) in self
+            .base
+            .iter_mut()
+            .zip(adopted_model(&self.origin, values, update))
+        {
+            *b = n;
+        }
+        Ok(MergedUpdate::Staged(staged))
     }
 
     /// Held-out accuracy of the built-in model (`None` for an external trainer).
@@ -865,6 +921,31 @@ impl Engine {
         })?;
         Ok(())
     }
+}
+
+/// A hub's model that cannot be adopted.
+fn hub_model_error(e: kindred_distill::DecodeError) -> EngineError {
+    EngineError::Checkpoint(format!("the hub's model: {e}"))
+}
+
+/// `origin + cumulative (+ update)` element by element: the model an adoption sets.
+fn adopted_model<'a>(
+    origin: &'a [f32],
+    cumulative: impl Iterator<Item = f32> + 'a,
+    update: Option<UpdateView<'a>>,
+) -> impl Iterator<Item = f32> + 'a {
+    let mut entries = update.into_iter().flat_map(|u| u.nonzero()).peekable();
+    origin
+        .iter()
+        .zip(cumulative)
+        .enumerate()
+        .map(move |(i, (o, c))| {
+            let mut n = o + c;
+            if let Some((_, u)) = entries.next_if(|&(j, _)| j == i) {
+                n += u;
+            }
+            n
+        })
 }
 
 /// A per-peer seed component.
@@ -1000,14 +1081,30 @@ mod tests {
             .collect();
         let before = e.base.clone();
         let delta = e.apply(None, Some(merge.as_slice().into())).unwrap();
-        assert!(delta.is_sparse());
+        assert!(matches!(&delta, MergedUpdate::Kept(u) if u.is_sparse()));
         let expected: Vec<f32> = before.iter().zip(&merge).map(|(b, u)| b + u).collect();
         assert_eq!(e.base, expected);
         let change: Vec<f32> = expected.iter().zip(&before).map(|(a, b)| a - b).collect();
-        assert_eq!(delta.to_dense(), change);
-        // Adopting a hub's model (its cumulative update) and applying a merge on top of it,
-        // the merge dense, then kept as its nonzero entries.
+        assert_eq!(delta.to_dense().unwrap(), change);
+        // Adopting a hub's model (its cumulative update, as a body of f32 layers) and applying
+        // a merge on top of it, the merge dense, then kept as its nonzero entries.
         let cumulative = wave(1.0);
+        let mut rest = cumulative.as_slice();
+        let layers = e.spec().layers().iter().map(|l| {
+            let (layer, tail) = rest.split_at(l.numel() as usize);
+            rest = tail;
+            kindred_proto::LayerPayload::Dense(kindred_proto::DenseValues::F32(layer.to_vec()))
+        });
+        let hub_model = PacketBody {
+            layers: layers.collect(),
+        };
+        // One that does not fit the model changes nothing.
+        let (base, short) = (e.base.clone(), PacketBody::default());
+        assert!(matches!(
+            e.apply(Some(&short), Some(merge.as_slice().into())),
+            Err(EngineError::Checkpoint(_))
+        ));
+        assert_eq!(e.base, base);
         let dense_merge = wave(2.0);
         let sparse_merge: Vec<f32> = dense_merge
             .iter()
@@ -1016,10 +1113,9 @@ mod tests {
             .collect();
         for merge in [Update::Dense(dense_merge), Update::from_dense(sparse_merge)] {
             let before = e.base.clone();
-            let delta = e
-                .apply(Some(cumulative.clone()), Some(merge.view()))
-                .unwrap();
-            assert!(!delta.is_sparse());
+            let delta = e.apply(Some(&hub_model), Some(merge.view())).unwrap();
+            // Every parameter changed: in a staging file, removed with the change.
+            assert!(matches!(delta, MergedUpdate::Staged(_)));
             let expected: Vec<f32> = e
                 .origin
                 .iter()
@@ -1029,7 +1125,10 @@ mod tests {
                 .collect();
             assert_eq!(e.base, expected);
             let change: Vec<f32> = expected.iter().zip(&before).map(|(a, b)| a - b).collect();
-            assert_eq!(delta.to_dense(), change);
+            assert_eq!(delta.to_dense().unwrap(), change);
+            drop(delta);
+            let staging = e.store.staging_dir();
+            assert_eq!(std::fs::read_dir(staging).unwrap().count(), 0);
         }
     }
 

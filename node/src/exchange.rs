@@ -44,9 +44,9 @@ use futures::stream::FuturesUnordered;
 use kindred_distill::{
     AggregateCheck, AggregateRejection, Distiller, DistillerState, MIN_GAIN_SHARE, PeerUpdate,
     ShardScores, Update, UpdateView, check_adoption, check_aggregate, check_by_data, check_head,
-    decode, decode_update, synthesize_with,
+    decode_iter, decode_update, synthesize_with,
 };
-use kindred_proto::{Embedding, HeaderFields, ModelSpec, OutcomePacket, seal_merge};
+use kindred_proto::{Embedding, HeaderFields, ModelSpec, OutcomePacket, PacketBody, seal_merge};
 use kindred_routing::exchange::{
     Answer, Apply, Exchange, ExchangeConfig, Input, MergeVerdict, Millis, ModelVerdict, Output,
     Role, RoundReport, SeenHeader, Snapshot, Ticket,
@@ -61,6 +61,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
 use crate::engine::{Engine, EngineError, Outgoing};
+use crate::merged::MergedUpdate;
 use crate::store::Store;
 
 /// The core's deadline, as a share of the round: the rest is for applying, evaluating and
@@ -118,8 +119,10 @@ enum Blob {
     /// A member's pushed update, kept sparse when its packet is (a hub holds one per member
     /// until it merges).
     Pushed { update: Update, samples: u64 },
-    /// A hub's model as its cumulative update (`None`: it has none to serve yet).
-    Model(Option<Vec<f32>>),
+    /// A hub's model as its cumulative update, the int8 snapshot body it served (`None`: it
+    /// has none to serve yet): a quarter of the model in f32, decoded a layer at a time where
+    /// it is read ([`kindred_distill::decode_iter`]), never whole.
+    Model(Option<PacketBody>),
     /// A merge: a hub's own (with `raw`, the merge before distillation, and the sealed bytes
     /// it serves) or one received from its hub.
     Merge {
@@ -157,7 +160,7 @@ enum Event {
     },
     Model {
         ticket: Ticket,
-        model: Option<Option<Vec<f32>>>,
+        model: Option<Option<PacketBody>>,
     },
     Answer {
         from: PeerId,
@@ -348,7 +351,7 @@ impl HubDriver {
         round: u64,
         start_ms: u64,
         round_ms: u64,
-    ) -> Result<(HubRoundStats, Update), HubError> {
+    ) -> Result<(HubRoundStats, MergedUpdate), HubError> {
         // Counters run on from between rounds ([`HubDriver::idle_until`]).
         self.finished = None;
         let deadline_ms = start_ms + (round_ms as f64 * DEADLINE_SHARE) as u64;
@@ -661,8 +664,10 @@ impl HubDriver {
                 let spec = self.spec.clone();
                 self.ops.push(Box::pin(async move {
                     let model = match routing.fetch_snapshot(hub, spec.clone(), 0).await {
-                        Ok(snapshot) => match decode(&snapshot.body, &spec) {
-                            Ok(cumulative) => Some(Some(cumulative)),
+                        // Kept as fetched (its layers were checked as they decoded); what
+                        // reads it checks that every value decodes.
+                        Ok(snapshot) => match decode_iter(&snapshot.body, &spec) {
+                            Ok(_) => Some(Some(snapshot.body)),
                             Err(e) => {
                                 tracing::debug!(%hub, error = %e, "hub model not usable");
                                 None
@@ -1225,18 +1230,27 @@ impl HubDriver {
         let Some(Blob::Model(Some(cumulative))) = self.blobs.get(&model) else {
             return Ok(ModelVerdict::Keep);
         };
-        // The hub's model, `origin + cumulative`, is read where needed rather than built: at a
-        // large model's size it would be one more model beside the fetched one.
+        let spec = &self.spec;
+        // The hub's model, `origin + cumulative`, is read a layer at a time where needed rather
+        // than built: at a large model's size it would be one more model in f32. Its layout
+        // was checked when it was fetched; a layer that does not decode ends the values early
+        // (zeros for the data check, a length the adoption check refuses).
+        let values = || decode_iter(cumulative, spec).into_iter().flatten();
         let offered = |engine: &Engine| -> Vec<f32> {
-            let origin = engine.origin().iter();
-            origin.zip(cumulative).map(|(o, c)| o + c).collect()
+            let cumulative = values().chain(std::iter::repeat(0.0));
+            engine
+                .origin()
+                .iter()
+                .zip(cumulative)
+                .map(|(o, c)| o + c)
+                .collect()
         };
         let own = |engine: &Engine| engine.base().to_vec();
         if let Some(share) = data_refuses(engine, own, offered)? {
             tracing::debug!(share, "the node's data refuses the hub's model");
             return Ok(ModelVerdict::Refuse);
         }
-        let offered = engine.origin().iter().zip(cumulative).map(|(o, c)| o + c);
+        let offered = engine.origin().iter().zip(values()).map(|(o, c)| o + c);
         if let Err(e) = check_adoption(engine.base(), offered, engine.origin(), ADOPT_MAX_RATIO) {
             tracing::debug!(error = %e, "hub model kept at a distance");
             return Ok(ModelVerdict::Keep);
@@ -1312,7 +1326,7 @@ impl HubDriver {
         &mut self,
         engine: &mut Engine,
         report: &RoundReport<PeerId, Handle>,
-    ) -> Result<Update, HubError> {
+    ) -> Result<MergedUpdate, HubError> {
         self.stats.role = match report.role {
             Role::Local => "local",
             Role::Hub => "hub",
@@ -1324,17 +1338,16 @@ impl HubDriver {
         if self.merge_residual && self.merged_round != Some(report.round) {
             // What the node's merges left unsent was the cohort's it served, which it did not
             // serve this round (it follows another hub, or had no members): dropped rather than
-            // added to a later cohort's merge, and its memory (one model) freed. The
+            // added to a later cohort's merge, and its memory (half the model's) freed. The
             // simulator's driver does the same.
             self.distiller.reset_residual();
             self.merge_residual = false;
             tracing::debug!(hub = %report.hub, "merge residual released");
         }
-        // The hub's model to adopt leaves the round's blobs (cleared after this): the engine
-        // turns its buffer into the change rather than allocating one more model.
+        // The hub's model to adopt leaves the round's blobs (cleared after this).
         let adopt = match &report.apply {
             Apply::Merge { adopt: Some(h), .. } | Apply::Adopt(h) => match self.blobs.remove(h) {
-                Some(Blob::Model(Some(m))) => Some(m),
+                Some(Blob::Model(Some(body))) => Some(body),
                 _ => None,
             },
             _ => None,
@@ -1355,9 +1368,9 @@ impl HubDriver {
                 if report.role == Role::Member {
                     self.stats.partners = vec![report.hub];
                 }
-                (label, engine.apply(adopt, update(merge))?)
+                (label, engine.apply(adopt.as_ref(), update(merge))?)
             }
-            Apply::Adopt(_) => ("adopt", engine.apply(adopt, None)?),
+            Apply::Adopt(_) => ("adopt", engine.apply(adopt.as_ref(), None)?),
             Apply::Nothing => ("nothing", engine.apply(None, None)?),
         };
         self.stats.applied = applied.into();

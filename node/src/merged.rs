@@ -6,37 +6,98 @@
 //! resident through the whole next round (`kindred bench-model`: one of the largest terms of a
 //! node's RSS after the model, its residual and the pushes). The API writes the file in bounded
 //! chunks as the trainer reads ([`safetensors_chunks`]), byte for byte the file
-//! [`to_safetensors`] returns.
+//! [`to_safetensors`] returns. A round that adopts its hub's model changes every parameter:
+//! that change is written to a staging file as it is computed and served from there
+//! ([`MergedUpdate::Staged`]), never held in memory beside the model.
 //!
 //! ```
 //! use kindred_distill::Update;
-//! use kindred_node::merged::{safetensors_len, to_safetensors};
+//! use kindred_node::merged::{MergedUpdate, safetensors_len, to_safetensors};
 //! use kindred_proto::{DType, LayerSpec, ModelSpec};
 //! let spec = ModelSpec::new(vec![LayerSpec::new("w", [8], DType::F32)])?;
-//! let kept = Update::from_dense(vec![0.0, 1.5, 0.0, 0.0, 0.0, 0.0, 0.0, -2.0]);
-//! assert!(kept.is_sparse());
+//! let merge = Update::from_dense(vec![0.0, 1.5, 0.0, 0.0, 0.0, 0.0, 0.0, -2.0]);
+//! assert!(merge.is_sparse());
+//! let kept = MergedUpdate::from(merge);
 //! let file = to_safetensors(&kept, &spec)?;
 //! assert_eq!(file.len(), safetensors_len(&kept, &spec)?);
 //! assert_eq!(&file[file.len() - 4..], (-2.0f32).to_le_bytes());
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+use std::io;
 use std::sync::Arc;
 
 use axum::body::Bytes;
 use kindred_distill::Update;
 use kindred_proto::ModelSpec;
 
+use crate::staged::StagedUpdate;
+
 /// Bytes per chunk of [`safetensors_chunks`] (the header is one chunk of its own).
 pub const CHUNK_BYTES: usize = 4 << 20;
 
+/// What a round changed in the node's model, as its trainer fetches it.
+#[derive(Debug)]
+pub enum MergedUpdate {
+    /// In memory: a merge's few percent of entries (or any change of the built-in trainer).
+    Kept(Update),
+    /// In a staging file: every parameter, after an adoption.
+    Staged(StagedUpdate),
+}
+
+impl MergedUpdate {
+    /// Elements of the update.
+    pub fn len(&self) -> usize {
+        match self {
+            Self::Kept(u) => u.len(),
+            Self::Staged(s) => s.len(),
+        }
+    }
+
+    /// Whether it has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Write elements `start..start + out.len()` into `out`.
+    ///
+    /// # Errors
+    /// A staging file that cannot be read, or a range past its end.
+    pub fn fill(&self, start: usize, out: &mut [f32]) -> io::Result<()> {
+        match self {
+            Self::Kept(u) => {
+                u.fill(start, out);
+                Ok(())
+            }
+            Self::Staged(s) => s.read(start, out),
+        }
+    }
+
+    /// The whole update in memory.
+    ///
+    /// # Errors
+    /// A staging file that cannot be read.
+    pub fn to_dense(&self) -> io::Result<Vec<f32>> {
+        match self {
+            Self::Kept(u) => Ok(u.to_dense()),
+            Self::Staged(s) => s.to_vec(),
+        }
+    }
+}
+
+impl From<Update> for MergedUpdate {
+    fn from(u: Update) -> Self {
+        Self::Kept(u)
+    }
+}
+
 /// Little-endian bytes of elements `[start, start + n)` of `update`, `n` = what fits in
 /// [`CHUNK_BYTES`] (or what is left).
-fn chunk_le(update: &Update, start: usize) -> Vec<u8> {
+fn chunk_le(update: &MergedUpdate, start: usize) -> io::Result<Vec<u8>> {
     let n = (CHUNK_BYTES / 4).min(update.len().saturating_sub(start));
     let mut values = vec![0.0f32; n];
-    update.fill(start, &mut values);
-    kindred_distill::f32_le_bytes(&values).into_owned()
+    update.fill(start, &mut values)?;
+    Ok(kindred_distill::f32_le_bytes(&values).into_owned())
 }
 
 /// The safetensors file of `update` for `spec` (one f32 tensor per layer, in spec order): what
@@ -44,11 +105,11 @@ fn chunk_le(update: &Update, start: usize) -> Vec<u8> {
 ///
 /// # Errors
 /// When the update does not have the spec's length.
-pub fn to_safetensors(update: &Update, spec: &ModelSpec) -> Result<Vec<u8>, String> {
+pub fn to_safetensors(update: &MergedUpdate, spec: &ModelSpec) -> Result<Vec<u8>, String> {
     let mut out = safetensors_header(spec, update.len())?;
     out.reserve(update.len() * 4);
     for start in (0..update.len()).step_by(CHUNK_BYTES / 4) {
-        out.extend_from_slice(&chunk_le(update, start));
+        out.extend_from_slice(&chunk_le(update, start).map_err(|e| e.to_string())?);
     }
     Ok(out)
 }
@@ -57,25 +118,26 @@ pub fn to_safetensors(update: &Update, spec: &ModelSpec) -> Result<Vec<u8>, Stri
 ///
 /// # Errors
 /// When the update does not have the spec's length.
-pub fn safetensors_len(update: &Update, spec: &ModelSpec) -> Result<usize, String> {
+pub fn safetensors_len(update: &MergedUpdate, spec: &ModelSpec) -> Result<usize, String> {
     Ok(safetensors_header(spec, update.len())?.len() + update.len() * 4)
 }
 
 /// The safetensors file in chunks of at most [`CHUNK_BYTES`] after the header, each made when
-/// the iterator reaches it: the file is never whole in memory.
+/// the iterator reaches it: the file is never whole in memory. A chunk whose staging file
+/// cannot be read is an error (the response ends there, short of its length).
 ///
 /// # Errors
 /// When the update does not have the spec's length.
 pub fn safetensors_chunks(
-    update: Arc<Update>,
+    update: Arc<MergedUpdate>,
     spec: &ModelSpec,
-) -> Result<impl Iterator<Item = Bytes> + Send + 'static, String> {
+) -> Result<impl Iterator<Item = io::Result<Bytes>> + Send + 'static, String> {
     let header = safetensors_header(spec, update.len())?;
     let len = update.len();
     let data = (0..len)
         .step_by(CHUNK_BYTES / 4)
-        .map(move |start| Bytes::from(chunk_le(&update, start)));
-    Ok(std::iter::once(Bytes::from(header)).chain(data))
+        .map(move |start| chunk_le(&update, start).map(Bytes::from));
+    Ok(std::iter::once(Ok(Bytes::from(header))).chain(data))
 }
 
 /// The safetensors header (8-byte little-endian length, then the JSON, padded with spaces to a
@@ -157,12 +219,24 @@ mod tests {
         assert!(sparse.is_sparse());
         let full = Update::Dense(dense.clone());
         let expected = crate::api::update_to_safetensors(&dense, &spec).unwrap();
-        for u in [&sparse, &full] {
+        let dir = std::env::temp_dir().join(format!("kindred-merged-{}", std::process::id()));
+        let staged = StagedUpdate::create(&dir, dense.len()).unwrap();
+        staged
+            .write_le(0, &kindred_distill::f32_le_bytes(&dense))
+            .unwrap();
+        let served = [
+            MergedUpdate::from(sparse),
+            MergedUpdate::from(full),
+            MergedUpdate::Staged(staged),
+        ];
+        for u in &served {
             let file = to_safetensors(u, &spec).unwrap();
             assert_eq!(file.len(), safetensors_len(u, &spec).unwrap());
             assert_eq!(parsed(&file), parsed(&expected));
-            assert_eq!(u.to_dense(), dense);
+            assert_eq!(u.to_dense().unwrap(), dense);
         }
+        drop(served);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
@@ -174,14 +248,18 @@ mod tests {
         for i in (0..n).step_by(97) {
             b.push(i, i as f32);
         }
-        let u = Arc::new(b.finish());
+        let u = b.finish();
         assert!(u.is_sparse());
-        let chunks: Vec<Bytes> = safetensors_chunks(u.clone(), &spec).unwrap().collect();
+        let u = Arc::new(MergedUpdate::from(u));
+        let chunks: Vec<Bytes> = safetensors_chunks(u.clone(), &spec)
+            .unwrap()
+            .collect::<io::Result<_>>()
+            .unwrap();
         assert_eq!(chunks.len(), 4);
         assert!(chunks.iter().skip(1).all(|c| c.len() <= CHUNK_BYTES));
         let file: Vec<u8> = chunks.concat();
         assert_eq!(file, to_safetensors(&u, &spec).unwrap());
-        let dense = u.to_dense();
+        let dense = u.to_dense().unwrap();
         let st = safetensors::SafeTensors::deserialize(&file).unwrap();
         let data = st.tensor("w").unwrap().data().to_vec();
         let expected: Vec<u8> = dense.iter().flat_map(|v| v.to_le_bytes()).collect();
@@ -190,6 +268,7 @@ mod tests {
 
     #[test]
     fn a_wrong_length_is_refused() {
-        assert!(to_safetensors(&Update::Dense(vec![0.0; 3]), &spec()).is_err());
+        let short = MergedUpdate::from(Update::Dense(vec![0.0; 3]));
+        assert!(to_safetensors(&short, &spec()).is_err());
     }
 }

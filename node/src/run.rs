@@ -40,6 +40,7 @@ use crate::api::{self, MAX_HISTORY, RoundRecord, RoundTimings, Shared, SnapshotR
 use crate::config::{ExchangeKind, NodeConfig};
 use crate::engine::{Engine, EngineError, ExternalUpdate, MergeReport, PeerPacket};
 use crate::exchange::{HubDriver, HubRoundStats, exchange_config};
+use crate::merged::MergedUpdate;
 use crate::metrics::NodeMetrics;
 use crate::staged::StagedUpdate;
 use crate::store::Store;
@@ -132,7 +133,7 @@ pub async fn run(
     config.validate()?;
     let store = Store::open(&data_dir.join("store"))?;
     // Uploads a crash left half-written are never used: start with an empty staging directory.
-    let staging = data_dir.join("staging");
+    let staging = store.staging_dir();
     StagedUpdate::clear(&staging);
     let mut engine = tokio::task::block_in_place(|| Engine::open(store.clone(), &config))?;
     let peer_id = engine.peer_id();
@@ -477,7 +478,7 @@ async fn run_round(
     let snapshot = exchange_snapshots(engine, ctx, &mut report, round, start + t_ms).await;
     let exchanged = std::time::Instant::now();
     let accuracy = tokio::task::block_in_place(|| engine.accuracy())?;
-    let merged = Update::from_dense(std::mem::take(&mut report.merged));
+    let merged = Update::from_dense(std::mem::take(&mut report.merged)).into();
     // Replay marks first: the round commit below flushes them with it.
     if let Some(marks) = routing.replay_marks().await {
         engine.store().put_replay_marks(&marks)?;
@@ -585,6 +586,13 @@ async fn run_hub_round(
             Ok(Some(u)) => engine.push_external(u)?,
             _ => return Err(EngineError::NoUpdate.into()),
         }
+        // The trainer sends its next update once it has taken the last merge: that merge is
+        // released now rather than held beside this round's (a model's worth after an
+        // adoption). A fetch under way keeps its copy until it is sent.
+        *shared
+            .merged
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = None;
     }
     let in_hand = std::time::Instant::now();
     let mut out = tokio::task::block_in_place(|| engine.make_packet(round, now_ms()))?;
@@ -673,7 +681,7 @@ async fn publish_round(
     routing: &RoutingHandle,
     shared: &Shared,
     round: u64,
-    merged: Update,
+    merged: MergedUpdate,
 ) -> (
     Option<kindred_routing::NodeInfo>,
     Option<kindred_routing::RoutingMetrics>,
@@ -768,6 +776,10 @@ fn record_exchange(m: &NodeMetrics, stats: &HubRoundStats) {
 
 /// Seal the node's model as the snapshot peers fetch (a member joining this node as its hub).
 fn seal_snapshot(engine: &Engine, round: u64, slot: &SnapshotSlot) {
+    // The last round's snapshot is no longer the node's model: released before the new one
+    // is made rather than held beside it (a peer asking meanwhile gets none, as before a
+    // node's first snapshot, and its fetch moves on).
+    *slot.write().unwrap_or_else(PoisonError::into_inner) = None;
     match tokio::task::block_in_place(|| engine.seal_snapshot(round, now_ms())) {
         Ok(sealed) => {
             *slot.write().unwrap_or_else(PoisonError::into_inner) =

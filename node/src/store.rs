@@ -169,6 +169,13 @@ impl Store {
         &self.root
     }
 
+    /// Where model-sized values too large to keep in memory are staged on their way
+    /// ([`crate::staged::StagedUpdate`]: a trainer's upload, the change an adoption makes):
+    /// never committed state, cleared when the node starts.
+    pub fn staging_dir(&self) -> PathBuf {
+        self.root.join("staging")
+    }
+
     fn db_err(&self, source: sled::Error) -> StoreError {
         StoreError::Db {
             path: self.root.join("db"),

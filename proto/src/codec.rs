@@ -221,6 +221,39 @@ pub fn seal_snapshot(
     seal_in(Domain::Snapshot, keypair, spec, fields, body)
 }
 
+/// [`seal_snapshot`] of a body already encoded a layer at a time ([`BodyEncoder`]): what a node
+/// seals its whole model with, so that neither the layers nor a second copy of the bytes are
+/// ever held beside the encoded body. Validated as [`seal_snapshot`] validates.
+///
+/// ```
+/// use kindred_proto::*;
+/// use libp2p_identity::ed25519;
+///
+/// let key = ed25519::Keypair::from(ed25519::SecretKey::try_from_bytes([1u8; 32]).unwrap());
+/// let spec = ModelSpec::new(vec![LayerSpec::new("w", [4], DType::F32)])?;
+/// let layer = LayerPayload::Dense(DenseValues::Int8 { values: vec![1, -2, 3, 0], scale: 0.5 });
+/// let mut encoder = BodyEncoder::new(1, 16);
+/// encoder.push(&layer);
+/// let fields = HeaderFields { round: 3, unix_ms: 0, samples: 0, loss: 0.0, embedding: Embedding::default() };
+/// let snapshot = seal_snapshot_encoded(&key, &spec, fields, encoder.finish())?;
+///
+/// let header = decode_snapshot_header(&snapshot.header_bytes)?;
+/// assert_eq!(decode_body(header.header(), &spec, &snapshot.body_bytes)?.layers, [layer]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # Errors
+/// [`SealError::Invalid`] with the reason a receiver would give for rejecting the snapshot
+/// (a layer count unlike the spec's among them).
+pub fn seal_snapshot_encoded(
+    keypair: &ed25519::Keypair,
+    spec: &ModelSpec,
+    fields: HeaderFields,
+    body: EncodedBody,
+) -> Result<SealedPacket, SealError> {
+    seal_encoded(Domain::Snapshot, keypair, spec, fields, body)
+}
+
 /// Encode, sign and validate a hub's merge of round `fields.round`: the update it serves its
 /// cohort's members for that round.
 ///
@@ -264,7 +297,24 @@ fn seal_in(
     fields: HeaderFields,
     body: &PacketBody,
 ) -> Result<SealedPacket, SealError> {
-    let body_bytes = encode_body(body);
+    let body = EncodedBody {
+        bytes: encode_body(body),
+        compression: CompressionSummary::of(body),
+    };
+    seal_encoded(domain, keypair, spec, fields, body)
+}
+
+fn seal_encoded(
+    domain: Domain,
+    keypair: &ed25519::Keypair,
+    spec: &ModelSpec,
+    fields: HeaderFields,
+    body: EncodedBody,
+) -> Result<SealedPacket, SealError> {
+    let EncodedBody {
+        bytes: body_bytes,
+        compression,
+    } = body;
     let oversize = || DecodeError::Oversize {
         what: "body",
         len: body_bytes.len() as u64,
@@ -284,11 +334,12 @@ fn seal_in(
         embedding: fields.embedding,
         body_len,
         body_hash: *blake3::hash(&body_bytes).as_bytes(),
-        compression: CompressionSummary::of(body),
+        compression,
     };
     let header_bytes = encode_header_in(domain, &header, keypair);
     let verified = decode_header_in(domain, &header_bytes)?;
-    decode_body(verified.header(), spec, &body_bytes)?;
+    // Checked as a receiver decodes it, a layer at a time: the body is never held twice.
+    check_body(verified.header(), spec, &body_bytes)?;
     Ok(SealedPacket {
         header: verified,
         header_bytes,
@@ -578,10 +629,68 @@ fn header_from_wire(w: &WireHeader<'_>) -> Result<PacketHeader, DecodeError> {
 /// Encode a body without validating it (see [`seal`] for the validating path).
 pub fn encode_body(body: &PacketBody) -> Vec<u8> {
     let layer_bytes: usize = body.layers.iter().map(encoded_layer_len).sum();
-    let mut out = Vec::with_capacity(layer_bytes + 5);
-    varint::encode_u32(body.layers.len() as u32, &mut out);
-    let mut deltas = Vec::new();
+    let mut encoder = BodyEncoder::new(body.layers.len(), layer_bytes);
     for layer in &body.layers {
+        encoder.push(layer);
+    }
+    encoder.finish().bytes
+}
+
+/// A body encoded a layer at a time, with the summary of what it holds: a whole model's snapshot
+/// is encoded as each layer is quantised, never built as a [`PacketBody`] first.
+///
+/// The layer count is written first, so it is given up front; a body whose pushed layers do
+/// not match it (or the spec) is refused when sealed ([`seal_snapshot_encoded`]).
+///
+/// ```
+/// use kindred_proto::{BodyEncoder, DenseValues, LayerPayload, PacketBody, encode_body};
+/// let layers = vec![
+///     LayerPayload::Dense(DenseValues::F32(vec![0.5, -1.0])),
+///     LayerPayload::Dense(DenseValues::Int8 { values: vec![3, 0, -7], scale: 0.25 }),
+/// ];
+/// let mut encoder = BodyEncoder::new(layers.len(), 0);
+/// for layer in &layers {
+///     encoder.push(layer);
+/// }
+/// let body = encoder.finish();
+/// assert_eq!(body.bytes, encode_body(&PacketBody { layers }));
+/// assert_eq!(body.compression.dense_layers, 2);
+/// ```
+#[derive(Debug)]
+pub struct BodyEncoder {
+    out: Vec<u8>,
+    compression: CompressionSummary,
+    /// Top-k index deltas of the layer being encoded (reused).
+    deltas: Vec<u8>,
+}
+
+/// What [`BodyEncoder::finish`] returns.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EncodedBody {
+    /// The body's bytes.
+    pub bytes: Vec<u8>,
+    /// What its layers are ([`CompressionSummary::of`] the body they encode).
+    pub compression: CompressionSummary,
+}
+
+impl BodyEncoder {
+    /// An encoder of a body of `layers` layers, with room for `capacity` bytes (memory is
+    /// only reserved: what the layers do not fill is never touched).
+    pub fn new(layers: usize, capacity: usize) -> Self {
+        let mut out = Vec::with_capacity(capacity.saturating_add(5));
+        // A count over u32 cannot match any spec (at most `MAX_LAYERS`): saturated, refused
+        // when sealed.
+        varint::encode_u32(u32::try_from(layers).unwrap_or(u32::MAX), &mut out);
+        Self {
+            out,
+            compression: CompressionSummary::default(),
+            deltas: Vec::new(),
+        }
+    }
+
+    /// Append the next layer.
+    pub fn push(&mut self, layer: &LayerPayload) {
+        self.compression.add(layer);
         let f32_bytes;
         let f16_bytes;
         let words_bytes;
@@ -612,19 +721,19 @@ pub fn encode_body(body: &PacketBody) -> Vec<u8> {
                 scale: *scale,
             },
             LayerPayload::TopK(t) => {
-                deltas.clear();
+                self.deltas.clear();
                 let mut prev = 0u32;
                 for (i, &idx) in t.indices.iter().enumerate() {
                     varint::encode_u32(
                         if i == 0 { idx } else { idx.wrapping_sub(prev) },
-                        &mut deltas,
+                        &mut self.deltas,
                     );
                     prev = idx;
                 }
                 WireLayer::TopK {
                     len: t.len,
                     count: t.indices.len() as u32,
-                    index_deltas: &deltas,
+                    index_deltas: &self.deltas,
                     values: bytemuck::cast_slice(&t.values),
                     scale: t.scale,
                 }
@@ -638,9 +747,17 @@ pub fn encode_body(body: &PacketBody) -> Vec<u8> {
                 }
             }
         };
-        out = postcard::to_extend(&wire, out).unwrap_or_default();
+        // Serialising into a `Vec` cannot fail (postcard's `to_extend` only extends it).
+        self.out = postcard::to_extend(&wire, std::mem::take(&mut self.out)).unwrap_or_default();
     }
-    out
+
+    /// The encoded body.
+    pub fn finish(self) -> EncodedBody {
+        EncodedBody {
+            bytes: self.out,
+            compression: self.compression,
+        }
+    }
 }
 
 /// Bytes `layer` takes inside an encoded body, computed without encoding it: the body is the
@@ -707,6 +824,32 @@ pub fn decode_body(
     spec: &ModelSpec,
     bytes: &[u8],
 ) -> Result<PacketBody, DecodeError> {
+    let mut layers = Vec::new();
+    walk_body(header, spec, bytes, |layer| layers.push(layer))?;
+    Ok(PacketBody { layers })
+}
+
+/// [`decode_body`]'s checks, every one, without keeping the layers: each is decoded, checked
+/// and dropped before the next, so memory stays at one layer's (what [`seal`] validates its
+/// own bodies with).
+///
+/// # Errors
+/// As [`decode_body`].
+pub fn check_body(
+    header: &PacketHeader,
+    spec: &ModelSpec,
+    bytes: &[u8],
+) -> Result<(), DecodeError> {
+    walk_body(header, spec, bytes, drop)
+}
+
+/// Decode and check a body's layers in order, handing each to `each`.
+fn walk_body(
+    header: &PacketHeader,
+    spec: &ModelSpec,
+    bytes: &[u8],
+    mut each: impl FnMut(LayerPayload),
+) -> Result<(), DecodeError> {
     if bytes.len() > MAX_PIECED_BODY_BYTES {
         return Err(DecodeError::Oversize {
             what: "body",
@@ -741,7 +884,7 @@ pub fn decode_body(
             found: count,
         });
     }
-    let mut layers = Vec::with_capacity(count);
+    let mut compression = CompressionSummary::default();
     for (i, layer_spec) in spec.layers().iter().enumerate() {
         let (wire, tail) = postcard::take_from_bytes::<WireLayer<'_>>(rest)
             .map_err(|e| postcard_error(e, Part::Layer(i)))?;
@@ -754,7 +897,9 @@ pub fn decode_body(
                 detail: "overlong varint or length prefix",
             });
         }
-        layers.push(layer_from_wire(i, layer_spec, wire)?);
+        let layer = layer_from_wire(i, layer_spec, wire)?;
+        compression.add(&layer);
+        each(layer);
         rest = tail;
     }
     if !rest.is_empty() {
@@ -763,11 +908,10 @@ pub fn decode_body(
             extra: rest.len(),
         });
     }
-    let body = PacketBody { layers };
-    if CompressionSummary::of(&body) != header.compression {
+    if compression != header.compression {
         return Err(DecodeError::SummaryMismatch);
     }
-    Ok(body)
+    Ok(())
 }
 
 /// Bytes postcard's shortest encoding of `wire` takes: O(1), from the fields' values.

@@ -56,9 +56,10 @@ mod spec;
 mod varint;
 
 pub use codec::{
-    HeaderFields, SealedPacket, decode_body, decode_header, decode_merge_header,
-    decode_snapshot_header, encode_body, encode_header, encode_merge_header,
+    BodyEncoder, EncodedBody, HeaderFields, SealedPacket, check_body, decode_body, decode_header,
+    decode_merge_header, decode_snapshot_header, encode_body, encode_header, encode_merge_header,
     encode_snapshot_header, encoded_layer_len, seal, seal_merge, seal_snapshot,
+    seal_snapshot_encoded,
 };
 pub use error::{DecodeError, Part, SealError, SpecError};
 pub use header::{BodyHash, Embedding, PacketHeader, PacketId, SimHash, VerifiedHeader};

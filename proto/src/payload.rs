@@ -166,15 +166,20 @@ impl CompressionSummary {
     pub fn of(body: &PacketBody) -> Self {
         let mut s = Self::default();
         for layer in &body.layers {
-            match layer.kind() {
-                PayloadKind::Dense => s.dense_layers = s.dense_layers.saturating_add(1),
-                PayloadKind::TopK => s.topk_layers = s.topk_layers.saturating_add(1),
-                PayloadKind::Sign => s.sign_layers = s.sign_layers.saturating_add(1),
-            }
-            s.params = s.params.saturating_add(layer.numel());
-            s.carried = s.carried.saturating_add(layer.carried());
+            s.add(layer);
         }
         s
+    }
+
+    /// Count one more layer (what [`CompressionSummary::of`] does for each of a body's).
+    pub fn add(&mut self, layer: &LayerPayload) {
+        match layer.kind() {
+            PayloadKind::Dense => self.dense_layers = self.dense_layers.saturating_add(1),
+            PayloadKind::TopK => self.topk_layers = self.topk_layers.saturating_add(1),
+            PayloadKind::Sign => self.sign_layers = self.sign_layers.saturating_add(1),
+        }
+        self.params = self.params.saturating_add(layer.numel());
+        self.carried = self.carried.saturating_add(layer.carried());
     }
 
     /// Total layers.

@@ -225,6 +225,24 @@ pub trait Kernels {
         out: &mut [i8],
     ) -> Result<f32, QuantizeError>;
 
+    /// [`Kernels::quantize_i8`] of one piece `x` of a larger tensor, at positions `start..`,
+    /// whose max |value| over the whole tensor is `abs_max`: each piece gets the values and
+    /// the scale the whole tensor's quantisation gives it (with stochastic rounding, when
+    /// `start` is a multiple of 2^14), so a large tensor is quantised without being held in f32
+    /// at once. The scale is that of `abs_max` or the piece's own max, the larger.
+    ///
+    /// # Errors
+    /// [`QuantizeError`] on a length mismatch or a non-finite input (`abs_max` itself is
+    /// reported at index 0).
+    fn quantize_i8_piece(
+        &self,
+        x: &[f32],
+        abs_max: f32,
+        start: usize,
+        rounding: Rounding,
+        out: &mut [i8],
+    ) -> Result<f32, QuantizeError>;
+
     /// `out[i] = q[i] as f32 * scale`.
     ///
     /// # Errors
@@ -403,6 +421,17 @@ impl Kernels for CpuBackend {
         out: &mut [i8],
     ) -> Result<f32, QuantizeError> {
         quant::quantize(self.parallel(x.len()), x, rounding, out)
+    }
+
+    fn quantize_i8_piece(
+        &self,
+        x: &[f32],
+        abs_max: f32,
+        start: usize,
+        rounding: Rounding,
+        out: &mut [i8],
+    ) -> Result<f32, QuantizeError> {
+        quant::quantize_piece(self.parallel(x.len()), x, abs_max, start, rounding, out)
     }
 
     fn dequantize_i8(&self, q: &[i8], scale: f32, out: &mut [f32]) -> Result<(), DequantizeError> {

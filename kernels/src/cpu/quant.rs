@@ -72,10 +72,29 @@ pub(super) fn quantize(
     rounding: Rounding,
     out: &mut [i8],
 ) -> Result<f32, QuantizeError> {
+    quantize_piece(parallel, x, 0.0, 0, rounding, out)
+}
+
+/// [`quantize`] of `x` as positions `start..` of a larger tensor whose max |value| is
+/// `abs_max` (the scale is that of `abs_max` or `x`'s own max, the larger).
+pub(super) fn quantize_piece(
+    parallel: bool,
+    x: &[f32],
+    abs_max: f32,
+    start: usize,
+    rounding: Rounding,
+    out: &mut [i8],
+) -> Result<f32, QuantizeError> {
     if x.len() != out.len() {
         return Err(QuantizeError::LengthMismatch {
             input: x.len(),
             output: out.len(),
+        });
+    }
+    if !abs_max.is_finite() {
+        return Err(QuantizeError::NonFinite {
+            index: 0,
+            value: abs_max,
         });
     }
     let max_bits = max_abs_bits_chunked(parallel, x);
@@ -83,7 +102,7 @@ pub(super) fn quantize(
         let (index, value) = first_non_finite(x).unwrap_or((0, f32::NAN));
         return Err(QuantizeError::NonFinite { index, value });
     }
-    let abs_max = f32::from_bits(max_bits);
+    let abs_max = f32::from_bits(max_bits).max(abs_max.abs());
     if abs_max == 0.0 {
         out.fill(0);
         return Ok(0.0);
@@ -105,9 +124,9 @@ pub(super) fn quantize(
         x.par_chunks(CHUNK)
             .zip(out.par_chunks_mut(CHUNK))
             .enumerate()
-            .for_each(|(c, (xs, os))| run(c * CHUNK, xs, os));
+            .for_each(|(c, (xs, os))| run(start + c * CHUNK, xs, os));
     } else {
-        run(0, x, out);
+        run(start, x, out);
     }
     Ok(scale)
 }

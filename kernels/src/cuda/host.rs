@@ -159,6 +159,19 @@ impl Kernels for CudaBackend {
         self.cpu().quantize_i8(x, rounding, out)
     }
 
+    fn quantize_i8_piece(
+        &self,
+        x: &[f32],
+        abs_max: f32,
+        start: usize,
+        rounding: Rounding,
+        out: &mut [i8],
+    ) -> Result<f32, QuantizeError> {
+        // Pieces are what a host-memory model is quantised in: no device round trip.
+        self.cpu()
+            .quantize_i8_piece(x, abs_max, start, rounding, out)
+    }
+
     fn dequantize_i8(&self, q: &[i8], scale: f32, out: &mut [f32]) -> Result<(), DequantizeError> {
         self.cpu().dequantize_i8(q, scale, out)
     }

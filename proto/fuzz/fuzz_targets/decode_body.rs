@@ -49,7 +49,13 @@ fuzz_target!(|data: &[u8]| {
         body_hash: *blake3::hash(body).as_bytes(),
         compression,
     };
-    if let Ok(decoded) = decode_body(&header, spec, body) {
+    let decoded = decode_body(&header, spec, body);
+    // The layer-at-a-time check seals use reaches the same verdict.
+    assert_eq!(
+        check_body(&header, spec, body),
+        decoded.as_ref().map(|_| ()).map_err(Clone::clone)
+    );
+    if let Ok(decoded) = decoded {
         // Whatever is accepted re-encodes to the very bytes received.
         assert_eq!(encode_body(&decoded), body);
     }
