@@ -758,8 +758,9 @@ impl Engine {
     /// trainer applies to follow.
     ///
     /// `adopt` is the hub's snapshot body as fetched, decoded a layer at a time
-    /// ([`kindred_distill::decode_iter`]): adopting a model holds one vector of the model's
-    /// size beyond the node's own, the change returned.
+    /// ([`kindred_distill::decode_iter`]). With an external trainer the change an adoption
+    /// makes (every parameter) goes to a staging file, so no model-sized vector is allocated
+    /// beyond the node's own; the built-in trainer's small model takes it in memory.
     ///
     /// # Errors
     /// [`EngineError::Model`] when the model cannot take the parameters, or
