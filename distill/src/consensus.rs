@@ -287,7 +287,7 @@ fn snapshot_layers(
 
 /// max |p − o| over a layer, or the position of the first difference that is not finite.
 fn abs_max_of_difference(p: &[f32], o: &[f32]) -> Result<f32, usize> {
-    // Branch-free, so it vectorises: `d · 0` is NaN exactly when `d` is not finite.
+    // One pass without branches: `d · 0` is NaN exactly when `d` is not finite.
     let (max, probe) = p.iter().zip(o).fold((0f32, 0f32), |(m, z), (x, o)| {
         let d = x - o;
         (m.max(d.abs()), z + d * 0.0)
