@@ -297,11 +297,7 @@ fn seal_in(
     fields: HeaderFields,
     body: &PacketBody,
 ) -> Result<SealedPacket, SealError> {
-    let body = EncodedBody {
-        bytes: encode_body(body),
-        compression: CompressionSummary::of(body),
-    };
-    seal_encoded(domain, keypair, spec, fields, body)
+    seal_encoded(domain, keypair, spec, fields, encode(body))
 }
 
 fn seal_encoded(
@@ -628,12 +624,17 @@ fn header_from_wire(w: &WireHeader<'_>) -> Result<PacketHeader, DecodeError> {
 
 /// Encode a body without validating it (see [`seal`] for the validating path).
 pub fn encode_body(body: &PacketBody) -> Vec<u8> {
+    encode(body).bytes
+}
+
+/// `body` through a [`BodyEncoder`], its bytes and summary in one pass.
+fn encode(body: &PacketBody) -> EncodedBody {
     let layer_bytes: usize = body.layers.iter().map(encoded_layer_len).sum();
     let mut encoder = BodyEncoder::new(body.layers.len(), layer_bytes);
     for layer in &body.layers {
         encoder.push(layer);
     }
-    encoder.finish().bytes
+    encoder.finish()
 }
 
 /// A body encoded a layer at a time, with the summary of what it holds: a whole model's snapshot
