@@ -21,7 +21,9 @@
 //!   member's own labels about as well as its own update's does ([`check_head`]). Another
 //!   task's merge, its classes in another order, keeps the direction and the norm of an honest
 //!   one (the first layer dominates both) and costs a member's data about as little in one
-//!   round; its output layer's rows point at the wrong classes' features.
+//!   round; its output layer's rows point at the wrong classes' features. One round's output
+//!   layer is noisy, so a member bans a hub only at its second merge in a row that fails this
+//!   check (it applies its own update both times).
 //!
 //! Before a member first pushes to a hub it also asks its own data about the hub's model
 //! ([`check_by_data`]): another task's model, or a corrupted one, keeps little of what the
@@ -309,10 +311,13 @@ pub fn check_by_data(
 /// the same merges with the output layer's rows rolled by one class, another task's merge,
 /// −0.35 to 0.11 (99th percentile at most 0.03); the member's own update 1st percentile
 /// 0.05-0.10, min −0.02: one round's update is minibatch noise late in training. A merge of a
-/// cohort of two is about as noisy: in the node's NAT test (`tests/tests/nat_swarm.rs`, cohorts
-/// of two) honest merges read 0.095-0.84, at most 0.11 below the member's own update. The rule
-/// refuses none of those, and 0-0.7% of the rolled merges pass it (in rounds where the member's
-/// own update barely pointed at its labels either).
+/// cohort of two is noisier: in the node's NAT test (`tests/tests/nat_swarm.rs`, cohorts of
+/// two, 8 runs, 251 honest merges, 2026-11-30) they read 0.009-0.84, 250 of them at most 0.14
+/// below the member's own update and one 0.13 against the member's 0.38. The rule refuses that
+/// one (0.4%), and 0-0.7% of the rolled merges pass it (in rounds where the member's own
+/// update barely pointed at its labels either): so a refusal by it alone is a doubt, and the
+/// exchange bans a hub at its second doubtful merge in a row
+/// (`kindred_routing::exchange::MergeVerdict::Doubt`).
 pub const HEAD_MARGIN: f32 = 0.2;
 
 /// Alignment at or above which a merge's output layer always passes [`check_head`].

@@ -20,7 +20,8 @@
 //!   a round passes without a merge), sealed under the merge domain
 //!   ([`kindred_proto::seal_merge`]); a member checks a merge by direction and norm against its
 //!   own sent update (`check_aggregate`), by its output layer against the node's labels
-//!   (`check_head`) and, when the core asks, on its own training shard (`check_by_data`); a
+//!   (`check_head`, a doubt: [`MergeVerdict::Doubt`]) and, when the core asks, on its own
+//!   training shard (`check_by_data`); a
 //!   joining member checks its hub's model the same way and
 //!   `check_adoption` decides whether it takes the model or keeps its own.
 //! - **Time**: the core's clock is the wall clock in milliseconds; rounds follow
@@ -1311,7 +1312,7 @@ impl HubDriver {
                     own = scores.own,
                     "merge refused by its output layer"
                 );
-                return Ok(MergeVerdict::Data);
+                return Ok(MergeVerdict::Doubt);
             }
         }
         if by_data && let Some(share) = data_refuses(engine, moved(sent.as_ref()), moved(update))? {

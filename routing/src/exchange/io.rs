@@ -129,9 +129,14 @@ pub enum MergeVerdict {
     /// Direction or norm against the node's own update failed (`check_aggregate`): the node
     /// bans the hub ([`super::ExchangeConfig::ban_rounds`]).
     Aggregate,
-    /// The node's own data refused it (`check_by_data`, or the merge's output layer against
-    /// the node's labels, `check_head`): the node bans the hub.
+    /// The node's own data refused it (`check_by_data`): the node bans the hub.
     Data,
+    /// The merge's output layer does not point at the node's labels (`check_head`): refused,
+    /// and the hub is banned if its next merge is doubted too. One round's output layer is
+    /// noisy: in the node's NAT test (cohorts of two) 1 of 251 honest merges failed the
+    /// check, and a ban for it cut the member off its only dialable hub; another task's merge
+    /// fails it every round.
+    Doubt,
 }
 
 /// An input to [`Exchange::handle`](super::Exchange::handle).

@@ -700,6 +700,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
         let Some(hub) = self.member_hub() else { return };
         match verdict {
             MergeVerdict::Pass => {
+                self.doubted = None;
                 let told = self.round.as_ref().map_or(0, |r| r.told_version);
                 self.told = Some((hub.clone(), told));
                 let member = matches!(joining, Joining::Member);
@@ -737,6 +738,18 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             MergeVerdict::Data => {
                 tracing::debug!(?hub, "exchange: its data refuses the merge");
                 self.refuse(&hub);
+                self.finish(Apply::Nothing, false);
+            }
+            MergeVerdict::Doubt => {
+                // Refused either way; banned at the second doubtful merge in a row, so a
+                // liar serving another task's merges costs each member two rounds.
+                if self.doubted.take().as_ref() == Some(&hub) {
+                    tracing::debug!(?hub, "exchange: a second doubtful merge in a row");
+                    self.refuse(&hub);
+                } else {
+                    tracing::debug!(?hub, "exchange: a doubtful merge refused");
+                    self.doubted = Some(hub);
+                }
                 self.finish(Apply::Nothing, false);
             }
         }

@@ -51,7 +51,8 @@
 //!    Otherwise it serves the merge with its view ([`Cohort::listed`]) and learns its members'.
 //! 4. **Check and apply.** A member has every merge checked (direction and norm; and on its
 //!    data once it has joined) and applies it, or applies its own update and bans the hub for
-//!    [`ExchangeConfig::ban_rounds`]. The first merge of a hub it joins comes with the
+//!    [`ExchangeConfig::ban_rounds`] (at its second merge in a row that only the output-layer
+//!    check doubts: [`MergeVerdict::Doubt`]). The first merge of a hub it joins comes with the
 //!    hub's model, adopted first, so the cohort holds one model. A new rank window that moves
 //!    the hub to another peer of the node's cohort needs no model fetch (`mates`). Each merge
 //!    names the lineage of its hub's model ([`Exchange::lineage`]): a member whose model is of
@@ -118,7 +119,7 @@
 //! identity from being a hub for longer than a window; they do not stop an attacker who grinds
 //! a key per window ahead of time (the window number is public: [`crate::hub_rank_at`] says
 //! why). Such a hub still faces every member's checks, and one failed merge bans it
-//! ([`ExchangeConfig::ban_rounds`]): with a fifth of the nodes hostile and ranked lowest in
+//! ([`ExchangeConfig::ban_rounds`]; two doubted ones in a row): with a fifth of the nodes hostile and ranked lowest in
 //! every window, honest nodes lost 0.38 ± 0.27 point (`kindred-sim learn --nodes 64 --setting
 //! label --hostile 0.2 --hostile-low-rank --seed 1..3`).
 //!
@@ -291,6 +292,9 @@ pub struct Exchange<P, M> {
     /// It applied a merge of another lineage than its model's: it fetches its hub's model
     /// again next round, as when it joins ([`Exchange::lineage`]). Not persisted.
     rebase: bool,
+    /// The hub whose last merge the node's data doubted ([`MergeVerdict::Doubt`]): banned if
+    /// its next merge is doubted too. Not persisted.
+    doubted: Option<P>,
     round: Option<Round<P, M>>,
     /// Outputs not yet polled: at most one per push held and a few more per input.
     out: VecDeque<Output<P, M>>,
@@ -323,6 +327,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             lineage_seed: own_rank,
             lineage_epoch: 0,
             rebase: false,
+            doubted: None,
             round: None,
             out: VecDeque::new(),
         }
@@ -398,6 +403,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             lineage_seed: snapshot.lineage_seed,
             lineage_epoch: snapshot.lineage_epoch,
             rebase: false,
+            doubted: None,
             round: None,
             out: VecDeque::new(),
         })

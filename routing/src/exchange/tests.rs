@@ -339,6 +339,58 @@ fn a_hub_whose_merge_fails_is_banned_at_once_and_joined_anew_when_its_ban_ends()
     assert!(fetches_from(&out, 1), "{out:?}");
 }
 
+#[test]
+fn a_doubtful_merge_is_refused_and_its_hub_banned_at_the_second_in_a_row() {
+    let mut member = Node::new(2, 20, config());
+    member.view.learn([(1, 10), (3, 30)]);
+    member.joined = Some(1);
+    // Round `round`'s merge from hub 1, checked with `verdict`: the round's outputs.
+    let mut round_with = |round: u64, verdict| {
+        let out = start(&mut member, round, "p2");
+        assert!(pushes_to(&out, 1), "round {round}: {out:?}");
+        let t = round * 1_000;
+        answer(&mut member, t + 10, 1, round, Answer::Accepted { depth: 0 });
+        member.handle(
+            Millis(t + 700),
+            Input::MergeReceived {
+                from: 1,
+                round,
+                merge: "merge",
+                cosine: 0.97,
+                lineage: member.lineage(),
+                listed: Vec::new(),
+            },
+        );
+        let Some(Output::CheckMerge { ticket, .. }) = member.poll_output() else {
+            panic!("the member checks the merge");
+        };
+        member.handle(Millis(t + 710), Input::MergeChecked { ticket, verdict });
+        let out = drain(&mut member);
+        (
+            finished(&out).unwrap().apply,
+            out.iter().any(|o| matches!(o, Output::Ban { peer: 1 })),
+        )
+    };
+    // A doubt, a pass, a doubt: refused twice, never banned; the hub stays.
+    assert_eq!(
+        round_with(4, MergeVerdict::Doubt),
+        (Apply::Own("p2"), false)
+    );
+    let merged = Apply::Merge {
+        merge: "merge",
+        adopt: None,
+    };
+    assert_eq!(round_with(5, MergeVerdict::Pass), (merged, false));
+    assert_eq!(
+        round_with(6, MergeVerdict::Doubt),
+        (Apply::Own("p2"), false)
+    );
+    // A second doubt in a row bans it.
+    assert_eq!(round_with(7, MergeVerdict::Doubt), (Apply::Own("p2"), true));
+    assert_eq!(member.joined(), None);
+    assert_eq!(member.hub(), 2);
+}
+
 /// The node's model fetch `ticket` brings `model`, and its data gives `verdict`.
 fn check_model(
     node: &mut Node,

@@ -1369,7 +1369,7 @@ impl Driver<'_, '_, '_, '_> {
                 alignment,
                 "merge's output layer misses the member's labels"
             );
-            return Ok(MergeVerdict::Data);
+            return Ok(MergeVerdict::Doubt);
         }
         if by_data && let Some(share) = self.data_refuses_merge(iu, sent, &x.served)? {
             tracing::debug!(
