@@ -58,9 +58,14 @@ impl<F: FnMut(usize, &mut [f32])> Filled<F> {
 
 impl<F: FnMut(usize, &mut [f32])> LayerSource for Filled<F> {
     fn layer(&mut self, range: Range<usize>) -> &[f32] {
-        self.buffer.resize(range.len(), 0.0);
-        (self.fill)(range.start, &mut self.buffer);
-        &self.buffer
+        // Grown to the largest layer read so far, never shrunk: a smaller layer after a larger
+        // one is not zeroed again before `fill` overwrites it.
+        if self.buffer.len() < range.len() {
+            self.buffer.resize(range.len(), 0.0);
+        }
+        let out = self.buffer.get_mut(..range.len()).unwrap_or_default();
+        (self.fill)(range.start, out);
+        out
     }
 }
 

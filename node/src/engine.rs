@@ -446,10 +446,11 @@ impl Engine {
                 (distilled, time, embedded, update)
             }
             UpdateValues::Staged(staged) => {
-                // Each layer read from the file into a buffer of the largest layer's size, once
-                // by the distiller and once more for the key. A failed read (the node's own disk)
-                // is a zero layer for the distiller and this round's error: the round sends no
-                // packet, and what the distiller took as sent is lost to error feedback.
+                // The distiller reads each layer from the file's mapping, in place; the key's
+                // pass reads it again into a buffer of the largest layer's size, adding the
+                // cumulative update's other terms. A failed read (the node's own disk) is a zero
+                // layer for the key and this round's error: the round sends no packet, and what
+                // the distiller took as sent is lost to error feedback.
                 let mut failed = None;
                 let mut read = |start: usize, out: &mut [f32]| {
                     if let Err(e) = staged.read(start, out) {
@@ -458,10 +459,14 @@ impl Engine {
                     }
                 };
                 // The API checked every value as it arrived: one read of each layer.
+                let mut mapped = staged
+                    .layers()
+                    .map_err(|e| EngineError::Staged(e.to_string()))?;
                 let distilled = self
                     .distiller
-                    .distill_checked_from(&mut Filled::new(&mut read))
+                    .distill_checked_from(&mut mapped)
                     .map_err(|e| distill_err(&e))?;
+                drop(mapped);
                 let time = distill_time(timer);
                 // `update + (base − origin)`: the sum `embed_sum` forms in the other arm.
                 let (base, origin) = (&self.base, &self.origin);
