@@ -7,7 +7,7 @@
 //! distiller then reads it a layer at a time straight from the page cache through a read-only
 //! mapping ([`StagedUpdate::layers`]): no copy and no buffer to fault in. Reading each layer
 //! into a buffer cost the distill step about a quarter of its time (`kindred bench-model
-//! --params 100000000`: 0.49-0.52 G elements/s per core mapped, 0.38-0.40 read; BENCHMARKS.md).
+//! --params 100000000`: 0.49-0.53 G elements/s per core mapped, 0.38-0.40 read; BENCHMARKS.md).
 //! Each layer's pages leave the node's resident set when the next layer is read, so a pass
 //! holds one layer at a time. The kernel's page cache holds the
 //! file while memory allows, so this costs little I/O; none of it counts against the node. The file is removed when the update is dropped, and any left by a
