@@ -9,9 +9,9 @@
 //! into a buffer cost the distill step about a quarter of its time (`kindred bench-model
 //! --params 100000000`: 0.49-0.53 G elements/s per core mapped, 0.38-0.40 read; BENCHMARKS.md).
 //! Each layer's pages leave the node's resident set when the next layer is read, so a pass
-//! holds one layer at a time. The kernel's page cache holds the
-//! file while memory allows, so this costs little I/O; none of it counts against the node. The file is removed when the update is dropped, and any left by a
-//! crash at the next start.
+//! holds one layer at a time. The kernel's page cache holds the file while memory allows, so
+//! this costs little I/O; none of it counts against the node. The file is removed when the
+//! update is dropped, and any left by a crash at the next start.
 
 use std::fs::{self, File, OpenOptions};
 use std::io;
