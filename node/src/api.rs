@@ -714,11 +714,17 @@ async fn merged(State(api): State<Arc<Api>>, Query(q): Query<MergedParams>) -> R
                     round.to_string(),
                 ),
             ],
-            Body::from_stream(futures::stream::iter(chunks.inspect(|c| {
-                if let Err(e) = c {
+            Body::from_stream(futures::stream::unfold(chunks, |mut chunks| async move {
+                // A chunk is 4 MiB formed in memory or read from a staging file: on the
+                // blocking pool, never on the runtime's threads.
+                let (chunk, chunks) = tokio::task::spawn_blocking(move || (chunks.next(), chunks))
+                    .await
+                    .ok()?;
+                if let Some(Err(e)) = &chunk {
                     tracing::error!(error = %e, "cannot read the merged update");
                 }
-            }))),
+                Some((chunk?, chunks))
+            })),
         )
             .into_response(),
         Err(e) => {

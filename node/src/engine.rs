@@ -796,34 +796,27 @@ impl Engine {
             };
             return self.adopt_staged(body, update);
         }
-        // The built-in trainer's (small) model: the adopted values read whole, every one or
-        // none, before anything changes.
-        let adopted = match adopt {
+        // The built-in trainer's (small) model: the next parameters whole, every one read
+        // before anything changes.
+        let next = match adopt {
             Some(body) => {
                 let mut values = decode_iter(body, &self.spec).map_err(hub_model_error)?;
-                let cumulative: Vec<f32> = values.by_ref().take(self.base.len()).collect();
+                let next: Vec<f32> = adopted_model(&self.origin, values.by_ref(), update).collect();
                 if let Some(e) = values.error() {
                     return Err(hub_model_error(e.clone()));
                 }
-                Some(cumulative)
+                next
             }
-            None => None,
-        };
-        let entries = update.into_iter().flat_map(|u| u.nonzero());
-        let mut next = match adopted {
-            Some(mut cumulative) => {
-                for (c, o) in cumulative.iter_mut().zip(&self.origin) {
-                    *c += o;
+            None => {
+                let mut next = self.base.clone();
+                for (i, u) in update.into_iter().flat_map(|u| u.nonzero()) {
+                    if let Some(n) = next.get_mut(i) {
+                        *n += u;
+                    }
                 }
-                cumulative
+                next
             }
-            None => self.base.clone(),
         };
-        for (i, u) in entries {
-            if let Some(n) = next.get_mut(i) {
-                *n += u;
-            }
-        }
         if let Source::Builtin(b) = &mut self.source
             && let Err(e) = b.model.set_params(&next)
         {
