@@ -53,6 +53,8 @@ pub struct BenchModelOptions {
     pub warmup: u64,
     /// Round length, seconds.
     pub round_secs: f64,
+    /// Top-k density of the nodes' packets and merges ([`NodeConfig::density`]).
+    pub density: f32,
     /// Seed of the synthetic updates.
     pub seed: u64,
     /// Where to keep node directories (a temporary directory when `None`).
@@ -86,6 +88,8 @@ pub struct BenchModelReport {
     pub nodes: usize,
     /// Rounds measured.
     pub rounds: u64,
+    /// Top-k density of the nodes' packets and merges.
+    pub density: f32,
     /// Rounds run before measuring: at least the warm-up asked for, and until every node
     /// merged in its last round.
     pub warmup_rounds: u64,
@@ -138,6 +142,9 @@ pub fn run(opts: &BenchModelOptions) -> anyhow::Result<BenchModelReport> {
     if !(opts.round_secs.is_finite() && opts.round_secs > 0.0) {
         bail!("the round length must be a positive number of seconds");
     }
+    if !(opts.density > 0.0 && opts.density <= 1.0) {
+        bail!("the density must be in (0, 1]");
+    }
     let started = Instant::now();
     let spec = synthetic_spec(opts.params)?;
     let update_bytes = SyntheticUpdate::new(&spec, opts.seed, 0, 0).len();
@@ -168,6 +175,7 @@ pub fn run(opts: &BenchModelOptions) -> anyhow::Result<BenchModelReport> {
             rounds: None,
             discovery_every: 1,
             exchange: ExchangeKind::Hub,
+            density: opts.density,
             trainer: TrainerConfig {
                 kind: TrainerKind::External,
                 model: ModelKind::Synthetic,
@@ -363,6 +371,7 @@ fn report(
         layers: spec.layers().len(),
         nodes: opts.nodes,
         rounds: opts.rounds,
+        density: opts.density,
         warmup_rounds: warmup,
         model_f32_bytes: spec.f32_bytes(),
         peak_rss_bytes: peaks.iter().copied().max().unwrap_or(0),
@@ -393,12 +402,13 @@ pub fn print(r: &BenchModelReport, json: bool) {
     let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
     let lines = [
         format!(
-            "model: {} parameters in {} layers ({:.2} GiB in f32), {} node processes, {} rounds measured",
+            "model: {} parameters in {} layers ({:.2} GiB in f32), {} node processes, {} rounds measured, density {}",
             r.params,
             r.layers,
             gib(r.model_f32_bytes),
             r.nodes,
-            r.rounds
+            r.rounds,
+            r.density
         ),
         format!(
             "peak RSS: {:.2} GiB per node at most ({:.2}x the f32 model), {:.2} GiB all nodes",

@@ -255,7 +255,7 @@ impl Engine {
             Some(m) => m.spec().clone(),
             None => t.spec()?,
         });
-        let policy = Self::policy_for(config.exchange);
+        let policy = Self::policy_for(config);
         let mut distiller =
             Distiller::new((*spec).clone(), policy.clone(), Self::embedding_config())
                 .map_err(|e| EngineError::Distill(e.to_string()))?
@@ -682,11 +682,14 @@ impl Engine {
         .with_backend(kindred_kernels::Backend::detect()))
     }
 
-    /// The packets' policy: [`Policy::hub`] for the hub exchange, the default for the pairwise
-    /// one (each partner fetches one body per round, so sparser).
-    fn policy_for(exchange: crate::config::ExchangeKind) -> Policy {
-        match exchange {
-            crate::config::ExchangeKind::Hub => Policy::hub(),
+    /// The packets' policy: [`Policy::hub`] at the configured density for the hub exchange,
+    /// the default for the pairwise one (each partner fetches one body per round, so sparser).
+    fn policy_for(config: &NodeConfig) -> Policy {
+        match config.exchange {
+            crate::config::ExchangeKind::Hub => Policy {
+                density: config.density,
+                ..Policy::hub()
+            },
             crate::config::ExchangeKind::Pairwise => Policy::default(),
         }
     }
@@ -989,12 +992,16 @@ mod tests {
 
     /// An engine with an external trainer (no data needed) in a fresh directory.
     fn external(name: &str) -> (Engine, Dir) {
+        external_with(name, NodeConfig::default())
+    }
+
+    /// [`external`] with `config` otherwise.
+    fn external_with(name: &str, mut config: NodeConfig) -> (Engine, Dir) {
         let dir = std::env::temp_dir().join(format!(
             "kindred-engine-{name}-{:016x}",
             rand::random::<u64>()
         ));
         let store = Store::open(&dir).unwrap_or_else(|e| panic!("{e}"));
-        let mut config = NodeConfig::default();
         config.trainer.kind = TrainerKind::External;
         let engine = Engine::open(store, &config).unwrap_or_else(|e| panic!("{e}"));
         (engine, Dir(dir))
@@ -1061,6 +1068,35 @@ mod tests {
         }
         let left = std::fs::read_dir(d2.0.join("staging")).unwrap().count();
         assert_eq!(left, 0, "each staged update's file is gone once distilled");
+    }
+
+    /// `density` sets how many entries a packet's top-k layers keep (the small dense layers
+    /// are the same either way).
+    #[test]
+    fn the_configured_density_sets_the_share_a_packet_keeps() {
+        let (mut dense, _d1) = external("default-density");
+        let sparse_config = NodeConfig {
+            density: 0.01,
+            ..NodeConfig::default()
+        };
+        let (mut sparse, _d2) = external_with("sparse", sparse_config);
+        let n = dense.spec().numel() as usize;
+        let update: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin() * 1e-2).collect();
+        let a = packet(&mut dense, 0, update.clone());
+        let b = packet(&mut sparse, 0, update);
+        let kept = |o: &Outgoing| o.sent.view().nonzero().count() as f64;
+        // Entries of the top-k layers (the others go dense at any density).
+        let topk: f64 = (dense.spec().layers().iter())
+            .filter(|l| !Policy::hub().is_small(l))
+            .map(|l| l.numel() as f64)
+            .sum();
+        let extra = kept(&a) - kept(&b);
+        let expected = topk * f64::from(Policy::HUB_DENSITY - 0.01);
+        assert!(
+            (extra - expected).abs() < 0.05 * expected,
+            "{extra} vs {expected}"
+        );
+        assert!(b.packet.body_bytes.len() * 2 < a.packet.body_bytes.len());
     }
 
     #[test]

@@ -393,7 +393,7 @@ impl HubDriver {
         self.pump(engine, deadline_ms).await?;
         let report = self.finished.take();
         let delta = match report {
-            Some(report) => self.finish(engine, &report)?,
+            Some(report) => tokio::task::block_in_place(|| self.finish(engine, &report))?,
             None => {
                 // Not reachable while the core keeps its contract; apply the own update.
                 tracing::warn!(
@@ -455,7 +455,7 @@ impl HubDriver {
         // timer itself.
         let limit = deadline_ms.saturating_add(200);
         loop {
-            self.drain(engine)?;
+            self.drain_blocking(engine)?;
             if self.finished.is_some() {
                 return Ok(());
             }
@@ -468,7 +468,7 @@ impl HubDriver {
 
     async fn pump_until(&mut self, engine: &mut Engine, until_ms: u64) -> Result<(), HubError> {
         loop {
-            self.drain(engine)?;
+            self.drain_blocking(engine)?;
             if now_ms() >= until_ms {
                 return Ok(());
             }
@@ -488,8 +488,14 @@ impl HubDriver {
         }
         let sleep = tokio::time::sleep(Duration::from_millis(wake.saturating_sub(now_ms())));
         tokio::select! {
-            Some(inbound) = self.inbox.recv() => self.on_inbound(inbound),
-            Some(event) = self.ops.next(), if !self.ops.is_empty() => self.on_event(event),
+            // Decoding a pushed or merged update (and verifying its hash) takes seconds at a
+            // large model's size: off the runtime's worker, as the merges below.
+            Some(inbound) = self.inbox.recv() => {
+                tokio::task::block_in_place(|| self.on_inbound(inbound));
+            }
+            Some(event) = self.ops.next(), if !self.ops.is_empty() => {
+                tokio::task::block_in_place(|| self.on_event(event));
+            }
             () = sleep => {
                 let now = now_ms();
                 self.core.handle_timeout(Millis(now));
@@ -566,6 +572,14 @@ impl HubDriver {
         );
         self.relay_only = relay_only;
         true
+    }
+
+    /// [`Self::drain`] with the runtime told that this thread blocks: merging, checking and
+    /// applying a large model's updates take seconds, and the tasks queued on this worker (the
+    /// routing task among them, serving the merge a member is fetching) move to another
+    /// meanwhile instead of waiting for it.
+    fn drain_blocking(&mut self, engine: &mut Engine) -> Result<(), HubError> {
+        tokio::task::block_in_place(|| self.drain(engine))
     }
 
     /// Carry out every output the core has.

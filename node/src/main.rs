@@ -100,6 +100,10 @@ struct Overrides {
     /// `pairwise` (every node fetches its partners' bodies and merges them itself).
     #[arg(long, env = "KINDRED_EXCHANGE")]
     exchange: Option<ExchangeKind>,
+    /// Top-k density of the hub exchange's packets and merges (default 0.05; 0.01 or less for
+    /// models of 10^8 parameters and more).
+    #[arg(long, env = "KINDRED_DENSITY")]
+    density: Option<f32>,
     /// Where updates come from.
     #[arg(long, env = "KINDRED_TRAINER")]
     trainer: Option<TrainerKind>,
@@ -156,6 +160,7 @@ impl Overrides {
         set(&mut c.discovery_every, self.discovery_every);
         set(&mut c.snapshot_every, self.snapshot_every);
         set(&mut c.exchange, self.exchange);
+        set(&mut c.density, self.density);
         set(&mut c.log_format, self.log_format);
         let t = &mut c.trainer;
         set(&mut t.kind, self.trainer);
@@ -258,6 +263,9 @@ struct BenchModelArgs {
     /// Round length in seconds (default: 5 plus 2.5 per 10^7 parameters).
     #[arg(long)]
     round_secs: Option<f64>,
+    /// Top-k density of the nodes' packets and merges (the node's `--density`).
+    #[arg(long, default_value_t = kindred_distill::Policy::HUB_DENSITY)]
+    density: f32,
     /// Seed of the synthetic updates.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -320,6 +328,7 @@ fn main() -> anyhow::Result<()> {
                 round_secs: args
                     .round_secs
                     .unwrap_or_else(|| BenchModelOptions::default_round_secs(args.params)),
+                density: args.density,
                 seed: args.seed,
                 dir: args.dir,
                 binary: std::env::current_exe()?,

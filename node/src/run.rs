@@ -184,6 +184,13 @@ pub async fn run(
             + kindred_proto::rpc::MAX_KNOWN_PEERS * (kindred_proto::MAX_PEER_ID_BYTES + 2)
             + 32 * engine.spec().layers().len()
             + 64 * 1024;
+        // A member's merge fetch waits at its hub while the merge is made (8 s at 10^9
+        // parameters on a 2-core host) and then moves it: past the default deadline the hub's
+        // answer is cut off and fetched again whole.
+        let t = &mut routing_config.transport;
+        t.request_timeout = t
+            .request_timeout
+            .max(merge_fetch_timeout(engine.spec().f32_bytes()));
     }
     raise_open_file_limit(&routing_config);
     let mut following = Follower::new(
@@ -568,6 +575,12 @@ async fn run_round(
 /// One round of the hub exchange: train, distill and seal; let the exchange core run the
 /// round ([`HubDriver::round`]) and apply what it ends with; seal the model snapshot joining
 /// members fetch; checkpoint with the exchange's state; report.
+/// The deadline of a request to a hub of a model of `f32_bytes`: 10 s, plus a second per
+/// 100 MB of the model (50 s at 10^9 parameters).
+fn merge_fetch_timeout(f32_bytes: u64) -> Duration {
+    Duration::from_secs(10) + Duration::from_secs_f64(f32_bytes as f64 / 100e6)
+}
+
 async fn run_hub_round(
     engine: &mut Engine,
     ctx: &mut RoundContext<'_>,
@@ -604,7 +617,7 @@ async fn run_hub_round(
     let exchanged = std::time::Instant::now();
     seal_snapshot(engine, round, ctx.snapshots);
     let accuracy = tokio::task::block_in_place(|| engine.accuracy())?;
-    hub.persist(engine.store())?;
+    tokio::task::block_in_place(|| hub.persist(engine.store()))?;
     if let Some(marks) = routing.replay_marks().await {
         engine.store().put_replay_marks(&marks)?;
     }
