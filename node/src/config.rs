@@ -288,7 +288,7 @@ pub struct NodeConfig {
     /// [`kindred_distill::Policy::HUB_DENSITY`] (5%), measured on the MNIST MLP, whose large
     /// layers hold 50,000 elements. Layers of millions of elements carry the same signal in a
     /// smaller share (deep gradient compression keeps 0.1%): a node of a 10^8-10^9-parameter
-    /// model sends 5x fewer bytes and distils twice as fast at 1%; what that costs in accuracy
+    /// model sends 5x fewer bytes and distils faster at 1%; what that costs in accuracy
     /// depends on the model and is the user's to measure. Not used by the pairwise exchange.
     pub density: f32,
     /// Log format.

@@ -123,6 +123,10 @@ pub fn key_file_too_open(mode: u32) -> bool {
 /// Run a node from `data_dir` with `config` until `shutdown` flips to `true` or the configured
 /// number of rounds is done.
 ///
+/// Call it on tokio's multi-thread runtime (`kindred run` builds one): the round's heavy steps
+/// (distilling, merging, checkpointing) run in `tokio::task::block_in_place`, which the
+/// current-thread runtime does not allow.
+///
 /// # Errors
 /// When the store, the data, the routing task or the API cannot start.
 pub async fn run(
@@ -186,7 +190,8 @@ pub async fn run(
             + 64 * 1024;
         // A member's merge fetch waits at its hub while the merge is made (8 s at 10^9
         // parameters on a 2-core host) and then moves it: past the default deadline the hub's
-        // answer is cut off and fetched again whole.
+        // answer is cut off and fetched again whole. The deadline is the transport's, so every
+        // request of this node gets it; lookups keep their own budget per round.
         let t = &mut routing_config.transport;
         t.request_timeout = t
             .request_timeout
@@ -575,8 +580,8 @@ async fn run_round(
 /// One round of the hub exchange: train, distill and seal; let the exchange core run the
 /// round ([`HubDriver::round`]) and apply what it ends with; seal the model snapshot joining
 /// members fetch; checkpoint with the exchange's state; report.
-/// The deadline of a request to a hub of a model of `f32_bytes`: 10 s, plus a second per
-/// 100 MB of the model (50 s at 10^9 parameters).
+/// The deadline of a hub exchange node's requests for a model of `f32_bytes`: 10 s, plus a
+/// second per 100 MB of the model (50 s at 10^9 parameters).
 fn merge_fetch_timeout(f32_bytes: u64) -> Duration {
     Duration::from_secs(10) + Duration::from_secs_f64(f32_bytes as f64 / 100e6)
 }
