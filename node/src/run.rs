@@ -1033,6 +1033,14 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_hub_exchange_request_waits_longer_for_a_larger_model() {
+        // The MLP keeps the transport's default; 10^9 f32 parameters get 50 s.
+        assert_eq!(merge_fetch_timeout(203_560).as_secs(), 10);
+        assert_eq!(merge_fetch_timeout(4_000_000_000), Duration::from_secs(50));
+        assert!(merge_fetch_timeout(400_000_000) > merge_fetch_timeout(40_000_000));
+    }
+
+    #[test]
     fn swarm_key_modes_open_to_group_or_others_are_flagged() {
         for private in [0o600, 0o400, 0o100600, 0o700] {
             assert!(!key_file_too_open(private), "{private:o}");
