@@ -577,15 +577,15 @@ async fn run_round(
     Ok(())
 }
 
-/// One round of the hub exchange: train, distill and seal; let the exchange core run the
-/// round ([`HubDriver::round`]) and apply what it ends with; seal the model snapshot joining
-/// members fetch; checkpoint with the exchange's state; report.
 /// The deadline of a hub exchange node's requests for a model of `f32_bytes`: 10 s, plus a
 /// second per 100 MB of the model (50 s at 10^9 parameters).
 fn merge_fetch_timeout(f32_bytes: u64) -> Duration {
     Duration::from_secs(10) + Duration::from_secs_f64(f32_bytes as f64 / 100e6)
 }
 
+/// One round of the hub exchange: train, distill and seal; let the exchange core run the
+/// round ([`HubDriver::round`]) and apply what it ends with; seal the model snapshot joining
+/// members fetch; checkpoint with the exchange's state; report.
 async fn run_hub_round(
     engine: &mut Engine,
     ctx: &mut RoundContext<'_>,
