@@ -64,7 +64,7 @@ use tokio::sync::{Semaphore, mpsc, watch};
 use crate::engine::{ExternalUpdate, UpdateValues};
 use crate::merged::{self, MergedUpdate};
 use crate::metrics::NodeMetrics;
-use crate::staged::StagedUpdate;
+use crate::staged::{StagedUpdate, StagedWriter};
 use crate::update_stream::{UpdateDecoder, UpdateError};
 
 /// Largest accepted update body (bytes), whatever the model: 16 GiB, 2^32 f32 parameters (on a
@@ -569,7 +569,8 @@ async fn read_update(
         let len = usize::try_from(spec.numel()).unwrap_or(usize::MAX);
         let staged = StagedUpdate::create(&staging, len)
             .map_err(|e| UpdateError::Store(format!("{}: {e}", staging.display())))?;
-        let mut decoder = UpdateDecoder::with_sink(&spec, update_header_cap(&spec), staged);
+        let writer = StagedWriter::new(staged);
+        let mut decoder = UpdateDecoder::with_sink(&spec, update_header_cap(&spec), writer);
         let mut invalid = None;
         while let Some(data) = queue.blocking_recv() {
             if invalid.is_none()
@@ -580,7 +581,10 @@ async fn read_update(
         }
         match invalid {
             Some(e) => Err(e),
-            None => decoder.finish(),
+            None => decoder
+                .finish()?
+                .finish()
+                .map_err(|e| UpdateError::Store(e.to_string())),
         }
     });
     let mut read = 0usize;

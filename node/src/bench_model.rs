@@ -139,12 +139,14 @@ pub fn run(opts: &BenchModelOptions) -> anyhow::Result<BenchModelReport> {
     if opts.nodes < 2 || opts.rounds == 0 || opts.warmup == 0 {
         bail!("bench-model needs at least 2 nodes, 1 measured round and 1 warm-up round");
     }
-    if !(opts.round_secs.is_finite() && opts.round_secs > 0.0) {
-        bail!("the round length must be a positive number of seconds");
+    // The nodes' own check of the settings passed on to them, before any node starts.
+    NodeConfig {
+        round_secs: opts.round_secs,
+        exchange: ExchangeKind::Hub,
+        density: opts.density,
+        ..NodeConfig::default()
     }
-    if !(opts.density > 0.0 && opts.density <= 1.0) {
-        bail!("the density must be in (0, 1]");
-    }
+    .validate()?;
     let started = Instant::now();
     let spec = synthetic_spec(opts.params)?;
     let update_bytes = SyntheticUpdate::new(&spec, opts.seed, 0, 0).len();

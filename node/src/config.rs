@@ -357,6 +357,19 @@ impl NodeConfig {
         std::fs::write(&path, text).map_err(|source| ConfigError::Io { path, source })
     }
 
+    /// The distillation policy of the node's packets: [`kindred_distill::Policy::hub`] at
+    /// [`NodeConfig::density`] for the hub exchange, the default for the pairwise one (each
+    /// partner fetches one body per round, so sparser).
+    pub fn packet_policy(&self) -> kindred_distill::Policy {
+        match self.exchange {
+            ExchangeKind::Hub => kindred_distill::Policy {
+                density: self.density,
+                ..kindred_distill::Policy::hub()
+            },
+            ExchangeKind::Pairwise => kindred_distill::Policy::default(),
+        }
+    }
+
     /// Check ranges.
     ///
     /// # Errors
@@ -378,9 +391,9 @@ impl NodeConfig {
         if !(self.snapshot_share > 0.0 && self.snapshot_share <= 1.0) {
             return bad("snapshot_share must be in (0, 1]");
         }
-        if !(self.density > 0.0 && self.density <= 1.0) {
-            return bad("density must be in (0, 1]");
-        }
+        self.packet_policy()
+            .validate()
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         self.api_limits.validate().map_err(ConfigError::Invalid)?;
         let r = &self.relay_limits;
         if r.max_reservations == 0 || r.max_circuits == 0 || r.max_circuit_secs == 0 {

@@ -255,7 +255,7 @@ impl Engine {
             Some(m) => m.spec().clone(),
             None => t.spec()?,
         });
-        let policy = Self::policy_for(config);
+        let policy = config.packet_policy();
         let mut distiller =
             Distiller::new((*spec).clone(), policy.clone(), Self::embedding_config())
                 .map_err(|e| EngineError::Distill(e.to_string()))?
@@ -680,18 +680,6 @@ impl Engine {
         )
         .map_err(|e| EngineError::Distill(e.to_string()))?
         .with_backend(kindred_kernels::Backend::detect()))
-    }
-
-    /// The packets' policy: [`Policy::hub`] at the configured density for the hub exchange,
-    /// the default for the pairwise one (each partner fetches one body per round, so sparser).
-    fn policy_for(config: &NodeConfig) -> Policy {
-        match config.exchange {
-            crate::config::ExchangeKind::Hub => Policy {
-                density: config.density,
-                ..Policy::hub()
-            },
-            crate::config::ExchangeKind::Pairwise => Policy::default(),
-        }
     }
 
     fn embedding_config() -> EmbeddingConfig {

@@ -3,15 +3,17 @@
 //! A trainer's update is one model's worth of f32, and a node already holds its model and its
 //! residual: kept in memory until it is distilled, the upload was the largest thing at a round's
 //! peak (one model more: `kindred bench-model`, BENCHMARKS.md). The API checks each value as the
-//! body arrives and writes it to a file in the node's data directory ([`StagedUpdate`]); the
-//! distiller then reads it a layer at a time straight from the page cache through a read-only
-//! mapping ([`StagedUpdate::layers`]): no copy and no buffer to fault in. Reading each layer
-//! into a buffer cost the distill step about a quarter of its time (`kindred bench-model
-//! --params 100000000`: 0.49-0.53 G elements/s per core mapped, 0.38-0.40 read; BENCHMARKS.md).
-//! Each layer's pages leave the node's resident set when the next layer is read, so a pass
-//! holds one layer at a time. The kernel's page cache holds the file while memory allows, so
-//! this costs little I/O; none of it counts against the node. The file is removed when the
-//! update is dropped, and any left by a crash at the next start.
+//! body arrives and writes it to a file in the node's data directory ([`StagedUpdate`]) in
+//! aligned 2 MiB pieces, whatever the body's frames ([`StagedWriter`]): a file system with large
+//! folios (ext4 and XFS on recent kernels) then caches it in 2 MiB folios. The distiller reads
+//! it a layer at a time straight from the page cache through a read-only mapping
+//! ([`StagedUpdate::layers`]), a folio per page fault: no copy and no buffer to fault in.
+//! Reading each layer into a buffer cost the distill step about a quarter of its time
+//! (`kindred bench-model --params 100000000`: 0.49-0.53 G elements/s per core mapped, 0.38-0.40
+//! read; BENCHMARKS.md). Each layer's pages leave the node's resident set when the next layer
+//! is read, so a pass holds one layer at a time. The kernel's page cache holds the file while
+//! memory allows, so this costs little I/O; none of it counts against the node. The file is
+//! removed when the update is dropped, and any left by a crash at the next start.
 
 use std::fs::{self, File, OpenOptions};
 use std::io;
@@ -116,6 +118,7 @@ impl StagedUpdate {
             map,
             len: self.len,
             released: 0,
+            advised: 0,
             buffer: Vec::new(),
             _staged: std::marker::PhantomData,
         })
@@ -149,6 +152,8 @@ pub struct MappedLayers<'a> {
     len: usize,
     /// Bytes from the start whose pages were released.
     released: usize,
+    /// Bytes from the start already asked for ahead (`MADV_WILLNEED`).
+    advised: usize,
     /// Converted values on a big-endian host (the file is little-endian).
     buffer: Vec<f32>,
     _staged: std::marker::PhantomData<&'a StagedUpdate>,
@@ -175,17 +180,20 @@ impl kindred_distill::LayerSource for MappedLayers<'_> {
             self.released = start;
         }
         if end > start {
-            // Map the layer's pages in one call (reading back any the page cache dropped)
-            // rather than a fault per 64 KiB at the distiller's first, random reads, and start
-            // reading the next layer's meanwhile. Advice only: a refusal costs the faults.
-            #[cfg(target_os = "linux")]
-            let _ = self
-                .map
-                .advise_range(memmap2::Advice::PopulateRead, start, end - start);
+            // Start reading back any of the layer's pages the page cache dropped, and the next
+            // layer's meanwhile, so the distiller's first, random reads do not wait on the disk
+            // a page at a time. The pages are mapped by the reads' own faults, a folio per
+            // fault: mapping them in one call (`MADV_POPULATE_READ`) walks them 4 KiB at a time
+            // and cost 2x the CPU of faulting (BENCHMARKS.md). Advice only: a refusal costs the
+            // disk's latency.
+            let from = start.max(self.advised).min(end);
             let ahead = (end - start).min(self.map.len().saturating_sub(end));
-            if ahead > 0 {
-                let _ = self.map.advise_range(memmap2::Advice::WillNeed, end, ahead);
+            for (at, len) in [(from, end - from), (end, ahead)] {
+                if len > 0 {
+                    let _ = self.map.advise_range(memmap2::Advice::WillNeed, at, len);
+                }
             }
+            self.advised = self.advised.max(end + ahead);
         }
         let bytes = self.map.get(start..end).unwrap_or_default();
         if cfg!(target_endian = "big") {
@@ -199,6 +207,97 @@ impl kindred_distill::LayerSource for MappedLayers<'_> {
         }
         // The mapping is page-aligned and every offset a multiple of 4.
         bytemuck::try_cast_slice(bytes).unwrap_or_default()
+    }
+}
+
+/// Bytes a [`StagedWriter`] gathers before a write: 2 MiB, the size of an x86-64 huge page.
+/// The page cache sizes a written range's folios by the write, so aligned 2 MiB writes leave
+/// 2 MiB folios, which the distiller's read maps a folio per fault rather than 64 KiB (a 2 GB
+/// file written in 16 KiB pieces took 3x the CPU to map and read; BENCHMARKS.md).
+pub const WRITE_PIECE: usize = 2 << 20;
+
+/// An upload on its way into a [`StagedUpdate`]: contiguous values gathered and written in
+/// pieces that end on [`WRITE_PIECE`] boundaries of the file, whatever sizes the body's frames
+/// came in. [`StagedWriter::finish`] writes the rest and hands the update on.
+#[derive(Debug)]
+pub struct StagedWriter {
+    staged: StagedUpdate,
+    /// Little-endian values not written yet, from value `at` on.
+    pending: Vec<u8>,
+    at: usize,
+}
+
+impl StagedWriter {
+    /// A writer into `staged`, holding at most [`WRITE_PIECE`] bytes.
+    pub fn new(staged: StagedUpdate) -> Self {
+        Self {
+            staged,
+            pending: Vec::new(),
+            at: 0,
+        }
+    }
+
+    /// Values in the update.
+    pub fn len(&self) -> usize {
+        self.staged.len
+    }
+
+    /// Whether it holds no values.
+    pub fn is_empty(&self) -> bool {
+        self.staged.len == 0
+    }
+
+    /// Store little-endian f32 `bytes` (a whole number of values) from value `at` on.
+    ///
+    /// # Errors
+    /// Values past the end or a partial value, at once; a failed write of earlier values.
+    pub fn write_le(&mut self, at: usize, mut bytes: &[u8]) -> io::Result<()> {
+        let end = at.checked_add(bytes.len() / 4);
+        if !bytes.len().is_multiple_of(4) || end.is_none_or(|e| e > self.staged.len) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "values past the staged update's end",
+            ));
+        }
+        if self.pending.is_empty() {
+            self.at = at;
+        } else if self.at + self.pending.len() / 4 != at {
+            self.flush()?;
+            self.at = at;
+        }
+        while !bytes.is_empty() {
+            // Byte offsets are multiples of 4, and so is the room up to the next boundary.
+            let offset = self.at * 4 + self.pending.len();
+            let room = WRITE_PIECE - offset % WRITE_PIECE;
+            let (now, rest) = bytes.split_at(room.min(bytes.len()));
+            if self.pending.capacity() == 0 {
+                self.pending.reserve_exact(WRITE_PIECE);
+            }
+            self.pending.extend_from_slice(now);
+            bytes = rest;
+            if now.len() == room {
+                self.flush()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Write what is gathered and hand the update on.
+    ///
+    /// # Errors
+    /// A failed write.
+    pub fn finish(mut self) -> io::Result<StagedUpdate> {
+        self.flush()?;
+        Ok(self.staged)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        if !self.pending.is_empty() {
+            self.staged.write_le(self.at, &self.pending)?;
+            self.at += self.pending.len() / 4;
+            self.pending.clear();
+        }
+        Ok(())
     }
 }
 
@@ -231,6 +330,40 @@ mod tests {
         assert!(layers.layer(4_990..5_001).is_empty());
         assert!(layers.layer(0..0).is_empty());
         drop(layers);
+        drop(staged);
+        fs::remove_dir(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_writer_stores_frames_of_any_size_in_any_order_and_refuses_what_does_not_fit() {
+        let dir = std::env::temp_dir().join(format!("kindred-staged-{}", rand::random::<u64>()));
+        // Three pieces and a part, in two segments written out of order (as a file's tensors
+        // may be), each in frames of sizes that straddle the pieces' boundaries.
+        let len = 3 * WRITE_PIECE / 4 + 1_234;
+        let values: Vec<f32> = (0..len).map(|i| i as f32 * 0.25 - 3.0).collect();
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let mut writer = StagedWriter::new(StagedUpdate::create(&dir, len).unwrap());
+        assert_eq!(writer.len(), len);
+        let split = WRITE_PIECE / 4 + 777;
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        for (from, to) in [(split, len), (0, split)] {
+            let mut at = from;
+            while at < to {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                let n = (1 + (rng % 200_000) as usize).min(to - at);
+                writer.write_le(at, &bytes[at * 4..(at + n) * 4]).unwrap();
+                at += n;
+            }
+        }
+        assert!(
+            writer.write_le(len - 1, &bytes[..8]).is_err(),
+            "past the end"
+        );
+        assert!(writer.write_le(0, &bytes[..6]).is_err(), "a partial value");
+        let staged = writer.finish().unwrap();
+        assert_eq!(staged.to_vec().unwrap(), values);
         drop(staged);
         fs::remove_dir(&dir).unwrap();
     }

@@ -7,7 +7,7 @@
 //! it reads and checks the header against the model spec (bounded before anything is
 //! allocated), then checks every little-endian f32 and hands it to an [`UpdateSink`] at its
 //! place in the flat update: a vector (the update is the only model-sized allocation), or the
-//! node's staging file ([`crate::staged::StagedUpdate`], no model-sized allocation at all).
+//! node's staging file through a [`crate::staged::StagedWriter`] (no model-sized allocation at all).
 
 use std::collections::BTreeMap;
 
@@ -134,7 +134,7 @@ impl UpdateSink for Vec<f32> {
     }
 }
 
-impl UpdateSink for crate::staged::StagedUpdate {
+impl UpdateSink for crate::staged::StagedWriter {
     fn size(&mut self, len: usize) -> Result<(), UpdateError> {
         if len == self.len() {
             Ok(())

@@ -39,7 +39,7 @@ use crate::handle::{BootstrapError, Command, DialError, NodeInfo, ReplayMark, Ro
 use crate::identity_gate::{BAD_IDENTITY, IdentityDenied};
 use crate::keys::{SemanticKey, dht_key};
 use crate::lookup::{LookupError, LookupId, Partners};
-use crate::reachability::NatStatus;
+use crate::reachability::{NatStatus, Reachability};
 use crate::snapshot::{SnapshotError, SnapshotFetchId};
 use crate::store::PacketStore;
 use crate::wire::WireCounters;
@@ -134,6 +134,10 @@ struct NatTraversal {
     /// A digest of the swarm's external addresses when last changed: a change means the
     /// node's provider records carry stale addresses ([`RoutingCore::addresses_changed`]).
     external: u64,
+    /// This node's probes, which settle AutoNAT's verdict ([`Reachability`]).
+    probes: Reachability,
+    /// The settled verdict the node acts on and reports.
+    reachability: NatStatus,
 }
 
 impl Driver {
@@ -317,7 +321,7 @@ impl Driver {
                     bootstraps_cut: self.bootstrap_governor.cut_total(),
                     kad_server: self.swarm.behaviour().kad.mode() == kad::Mode::Server,
                     external_addrs: self.swarm.external_addresses().cloned().collect(),
-                    reachability: NatStatus::from(&self.swarm.behaviour().autonat.nat_status()),
+                    reachability: self.nat.reachability,
                     relays: self.nat.reservations.keys().copied().collect(),
                     direct: self.swarm.behaviour().rpc.direct_peers().collect(),
                     relay_only: self
@@ -773,10 +777,7 @@ impl Driver {
     }
 
     fn is_private(&self) -> bool {
-        matches!(
-            self.swarm.behaviour().autonat.nat_status(),
-            libp2p::autonat::NatStatus::Private
-        )
+        self.nat.reachability == NatStatus::Private
     }
 
     /// While private, ask relays for reservations up to [`MAX_RESERVATIONS`] (a relay whose
@@ -856,26 +857,47 @@ impl Driver {
         }
     }
 
-    /// An AutoNAT probe finished (either role), or the verdict on this node changed (the
-    /// verdict itself is the behaviour's, read for [`NodeInfo`]).
+    /// An AutoNAT probe finished (either role), or AutoNAT's verdict on this node changed: the
+    /// node acts on that verdict as its probes settle it ([`Reachability`]).
     fn on_autonat(&mut self, e: libp2p::autonat::Event) {
-        match e {
-            libp2p::autonat::Event::StatusChanged { old, new } => {
-                self.on_reachability();
-                let (status, was) = (NatStatus::from(&new), NatStatus::from(&old));
-                match &new {
-                    libp2p::autonat::NatStatus::Public(addr) => tracing::info!(
-                        %status, %addr, %was,
-                        "reachability: peers dialled this node back"
-                    ),
-                    _ => tracing::info!(
-                        %status, %was,
-                        "reachability: peers could not dial this node back (behind NAT or a \
-                         firewall: forward the listen port)"
-                    ),
-                }
+        use libp2p::autonat::{Event, OutboundProbeError, OutboundProbeEvent, ResponseError};
+        match &e {
+            Event::OutboundProbe(OutboundProbeEvent::Response { .. }) => {
+                self.nat.probes.probe(true);
             }
-            other => tracing::debug!(event = ?other, "AutoNAT probe"),
+            Event::OutboundProbe(OutboundProbeEvent::Error {
+                error: OutboundProbeError::Response(ResponseError::DialError),
+                ..
+            }) => self.nat.probes.probe(false),
+            _ => {}
+        }
+        tracing::debug!(event = ?e, "AutoNAT");
+        let autonat = self.swarm.behaviour().autonat.nat_status();
+        let was = self.nat.reachability;
+        let status = self.nat.probes.settled(NatStatus::from(&autonat));
+        if status == was {
+            if NatStatus::from(&autonat) != status {
+                tracing::debug!(
+                    %status, autonat = %NatStatus::from(&autonat),
+                    "reachability: a probe failed; held until more fail in a row"
+                );
+            }
+            return;
+        }
+        self.nat.reachability = status;
+        self.on_reachability();
+        match (status, &autonat) {
+            (NatStatus::Public, libp2p::autonat::NatStatus::Public(addr)) => tracing::info!(
+                %status, %addr, %was,
+                "reachability: peers dialled this node back"
+            ),
+            (NatStatus::Public, _) => tracing::info!(%status, %was, "reachability: public again"),
+            (NatStatus::Private, _) => tracing::info!(
+                %status, %was,
+                "reachability: peers could not dial this node back (behind NAT or a firewall: \
+                 forward the listen port)"
+            ),
+            (NatStatus::Unknown, _) => tracing::info!(%status, %was, "reachability: unknown"),
         }
     }
 

@@ -87,9 +87,94 @@ pub fn autonat_config() -> autonat::Config {
     }
 }
 
+/// Probes in a row that a peer could not dial back before a node that was dialled back before is
+/// taken as private (AutoNAT takes one, whenever it was not yet sure of its verdict).
+pub const PRIVATE_AFTER_FAILURES: u32 = 3;
+
+/// AutoNAT's verdict with a memory of this node's probes ([`Reachability::settled`]).
+///
+/// A dial-back fails whenever the node being dialled does not answer in time, not only behind
+/// NAT: two nodes of a 10^9-parameter model on one 2-core host, each busy for seconds
+/// distilling or merging, failed one probe now and then, and AutoNAT, not yet sure after its
+/// first few answers, flipped the node to private and back within minutes. A private node ranks
+/// after every dialable peer, but its peers never learn that it thinks so: in `kindred
+/// bench-model --params 1000000000` each of the two took the other for its hub and pushed to it
+/// (both applied their own update that round; 2 of 6 runs). So a node that peers dialled back
+/// once stays public until [`PRIVATE_AFTER_FAILURES`] probes in a row fail (about 4.5 minutes
+/// at AutoNAT's 90 s retry); one never dialled back takes AutoNAT's verdict at once, as a node
+/// behind NAT must.
+///
+/// ```
+/// use kindred_routing::reachability::{NatStatus, Reachability};
+/// let mut r = Reachability::default();
+/// r.probe(true);
+/// r.probe(false);
+/// assert_eq!(r.settled(NatStatus::Private), NatStatus::Public);
+/// r.probe(false);
+/// r.probe(false);
+/// assert_eq!(r.settled(NatStatus::Private), NatStatus::Private);
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Reachability {
+    dialled_back: bool,
+    failed_in_row: u32,
+}
+
+impl Reachability {
+    /// A probe of this node ended with a verdict: peers dialled it back, or could not.
+    pub fn probe(&mut self, dialled_back: bool) {
+        if dialled_back {
+            self.dialled_back = true;
+            self.failed_in_row = 0;
+        } else {
+            self.failed_in_row = self.failed_in_row.saturating_add(1);
+        }
+    }
+
+    /// The verdict to act on, given AutoNAT's.
+    pub fn settled(&self, autonat: NatStatus) -> NatStatus {
+        match autonat {
+            NatStatus::Private
+                if self.dialled_back && self.failed_in_row < PRIVATE_AFTER_FAILURES =>
+            {
+                NatStatus::Public
+            }
+            status => status,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_node_dialled_back_once_needs_failures_in_a_row_to_turn_private() {
+        // Never dialled back: AutoNAT's verdict at once (a node behind NAT).
+        let mut natted = Reachability::default();
+        assert_eq!(natted.settled(NatStatus::Unknown), NatStatus::Unknown);
+        natted.probe(false);
+        assert_eq!(natted.settled(NatStatus::Private), NatStatus::Private);
+        // Dialled back, then a failure now and then: public throughout.
+        let mut busy = Reachability::default();
+        busy.probe(true);
+        for _ in 0..10 {
+            for _ in 1..PRIVATE_AFTER_FAILURES {
+                busy.probe(false);
+                assert_eq!(busy.settled(NatStatus::Private), NatStatus::Public);
+            }
+            busy.probe(true);
+            assert_eq!(busy.settled(NatStatus::Public), NatStatus::Public);
+        }
+        // Failures in a row: private, until a peer dials it back again.
+        for _ in 0..PRIVATE_AFTER_FAILURES {
+            busy.probe(false);
+        }
+        assert_eq!(busy.settled(NatStatus::Private), NatStatus::Private);
+        assert_eq!(busy.settled(NatStatus::Unknown), NatStatus::Unknown);
+        busy.probe(true);
+        assert_eq!(busy.settled(NatStatus::Private), NatStatus::Public);
+    }
 
     #[test]
     fn libp2p_verdicts_map_to_the_reported_ones() {
