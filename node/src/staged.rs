@@ -225,6 +225,9 @@ pub struct StagedWriter {
     /// Little-endian values not written yet, from value `at` on.
     pending: Vec<u8>,
     at: usize,
+    /// Each write's first value and length, for the tests to check the pieces.
+    #[cfg(test)]
+    writes: Vec<(usize, usize)>,
 }
 
 impl StagedWriter {
@@ -234,6 +237,8 @@ impl StagedWriter {
             staged,
             pending: Vec::new(),
             at: 0,
+            #[cfg(test)]
+            writes: Vec::new(),
         }
     }
 
@@ -294,6 +299,8 @@ impl StagedWriter {
     fn flush(&mut self) -> io::Result<()> {
         if !self.pending.is_empty() {
             self.staged.write_le(self.at, &self.pending)?;
+            #[cfg(test)]
+            self.writes.push((self.at, self.pending.len() / 4));
             self.at += self.pending.len() / 4;
             self.pending.clear();
         }
@@ -362,6 +369,25 @@ mod tests {
             "past the end"
         );
         assert!(writer.write_le(0, &bytes[..6]).is_err(), "a partial value");
+        writer.flush().unwrap();
+        // Every write ends on a piece boundary but the last of each segment, and starts on one
+        // but the first of each: 2 MiB-aligned pieces wherever the segments allow.
+        let piece = WRITE_PIECE / 4;
+        let writes = writer.writes.clone();
+        assert_eq!(writes.iter().map(|w| w.1).sum::<usize>(), len);
+        for &(at, n) in &writes {
+            assert!(n <= piece, "{at} {n}");
+            assert!(at % piece == 0 || at == split || at == 0, "starts at {at}");
+            let end = at + n;
+            assert!(
+                end % piece == 0 || end == len || end == split,
+                "ends at {end}"
+            );
+        }
+        // The whole pieces no segment boundary splits were written whole.
+        for whole in [(0, piece), (2 * piece, piece)] {
+            assert!(writes.contains(&whole), "{writes:?}");
+        }
         let staged = writer.finish().unwrap();
         assert_eq!(staged.to_vec().unwrap(), values);
         drop(staged);
