@@ -636,21 +636,26 @@ pub(super) fn sampled(
 mod tests {
     use super::*;
 
-    /// The starts are the seeded draws, sorted: the same sample as in drawing order, every run
-    /// inside the slice.
+    /// The starts are in address order, inside the slice, spread uniformly over it (each eighth
+    /// of the slice holds its share of the draws within 6 standard deviations), and another
+    /// seed draws another sample.
     #[test]
-    fn sample_starts_are_the_draws_in_address_order() {
+    fn sample_starts_are_uniform_draws_in_address_order() {
         for (seed, len) in [(1u64, SAMPLED_MIN_LEN), (9, 1 << 20), (3, (1 << 24) + 5)] {
             let starts = sample_starts(seed, len);
             assert_eq!(starts.len(), SAMPLE_RUNS);
             assert!(starts.windows(2).all(|w| w[0] <= w[1]));
             assert!(starts.iter().all(|&s| s + RUN <= len));
-            let mut rng = SplitMix64::new(seed);
-            let mut drawn: Vec<usize> = (0..SAMPLE_RUNS)
-                .map(|_| rng.below((len - RUN + 1) as u64) as usize)
-                .collect();
-            drawn.sort_unstable();
-            assert_eq!(starts, drawn);
+            let mut bins = [0usize; 8];
+            for &s in &starts {
+                bins[s * 8 / (len - RUN + 1)] += 1;
+            }
+            let expect = SAMPLE_RUNS / 8;
+            assert!(
+                bins.iter().all(|&n| n.abs_diff(expect) <= 128),
+                "seed {seed}, len {len}: {bins:?}"
+            );
+            assert_ne!(starts, sample_starts(seed + 1, len));
         }
     }
 
