@@ -127,6 +127,14 @@ impl UpdateValues {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// Have a staged update read back into the page cache ahead of its use
+    /// ([`StagedUpdate::prefetch`]); nothing to do for one in memory.
+    pub fn prefetch(&self) {
+        if let Self::Staged(s) = self {
+            s.prefetch();
+        }
+    }
 }
 
 impl From<Vec<f32>> for UpdateValues {

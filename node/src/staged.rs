@@ -12,7 +12,9 @@
 //! (`kindred bench-model --params 100000000`: 0.49-0.53 G elements/s per core mapped, 0.38-0.40
 //! read; BENCHMARKS.md). Each layer's pages leave the node's resident set when the next layer
 //! is read, so a pass holds one layer at a time. The kernel's page cache holds the file while
-//! memory allows, so this costs little I/O; none of it counts against the node. The file is
+//! memory allows, so this costs little I/O; none of it counts against the node. What a host
+//! short of memory drops while the update waits for its round is read back just before it
+//! ([`StagedUpdate::prefetch`]). The file is
 //! removed when the update is dropped, and any left by a crash at the next start.
 
 use std::fs::{self, File, OpenOptions};
@@ -124,6 +126,59 @@ impl StagedUpdate {
         })
     }
 
+    /// Have the kernel read the whole file into the page cache, on a thread of its own: the
+    /// call returns at once.
+    ///
+    /// Why: an upload waits in the page cache from its arrival until its round starts, and a
+    /// host short of memory drops part of it meanwhile. At 10^9 parameters (`kindred
+    /// bench-model`, a member and its hub, 4 GB staged each) about 0.85 GB of the two files
+    /// went in the minute and more between the uploads and the round, and the distill step
+    /// read it back from disk in about 500 page faults (BENCHMARKS.md). Asked for shortly
+    /// before the round (the node's round loop does), the reads run while the node waits.
+    ///
+    /// The kernel reads at most its read-ahead window (`read_ahead_kb`, a few MiB) per piece of
+    /// advice, however long the range (one `POSIX_FADV_WILLNEED` of the whole file read its
+    /// first 8 MiB here), so the file is asked for in [`WRITE_PIECE`]s; a piece already cached
+    /// costs a lookup. Advice only: a refusal is logged and costs the disk's latency later.
+    pub fn prefetch(&self) {
+        let Ok(len) = byte_offset(self.len) else {
+            return;
+        };
+        let file = match self.file.try_clone() {
+            Ok(file) => file,
+            Err(error) => {
+                tracing::debug!(%error, "no read-ahead of a staged update");
+                return;
+            }
+        };
+        let spawned = std::thread::Builder::new()
+            .name("kindred-read-ahead".into())
+            .spawn(move || read_ahead(&file, len));
+        if let Err(error) = spawned {
+            tracing::debug!(%error, "no read-ahead of a staged update");
+        }
+    }
+
+    /// The share of the file's pages in the page cache (`mincore` of a mapping), for tests.
+    #[cfg(all(test, target_os = "linux"))]
+    fn cached_share(&self) -> io::Result<f64> {
+        // SAFETY: as in `layers`: the file is this update's own and nothing writes it now.
+        #[allow(unsafe_code)]
+        let map = unsafe { memmap2::Mmap::map(&self.file)? };
+        // SAFETY: `sysconf` takes no pointer.
+        #[allow(unsafe_code)]
+        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+        let pages = map.len().div_ceil(page.max(1));
+        let mut vec = vec![0u8; pages];
+        // SAFETY: `vec` has one byte per page of the mapping, which lives for the call.
+        #[allow(unsafe_code)]
+        let code = unsafe { libc::mincore(map.as_ptr() as *mut _, map.len(), vec.as_mut_ptr()) };
+        if code != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(vec.iter().filter(|&&b| b & 1 == 1).count() as f64 / pages.max(1) as f64)
+    }
+
     /// The whole update in memory.
     ///
     /// # Errors
@@ -185,7 +240,9 @@ impl kindred_distill::LayerSource for MappedLayers<'_> {
             // a page at a time. The pages are mapped by the reads' own faults, a folio per
             // fault: mapping them in one call (`MADV_POPULATE_READ`) walks them 4 KiB at a time
             // and cost 2x the CPU of faulting (BENCHMARKS.md). Advice only: a refusal costs the
-            // disk's latency.
+            // disk's latency. The kernel reads one read-ahead window per advice (a few MiB), so
+            // this starts each layer early; the whole file is read back before the round
+            // (`StagedUpdate::prefetch`).
             let from = start.max(self.advised).min(end);
             let ahead = (end - start).min(self.map.len().saturating_sub(end));
             for (at, len) in [(from, end - from), (end, ahead)] {
@@ -308,6 +365,39 @@ impl StagedWriter {
     }
 }
 
+/// Advise the kernel that all `len` bytes of `file` will be needed, a [`WRITE_PIECE`] at a
+/// time ([`StagedUpdate::prefetch`]); a no-op where that advice does not exist.
+fn read_ahead(file: &File, len: u64) {
+    #[cfg(any(target_os = "linux", target_os = "android", target_os = "freebsd"))]
+    {
+        use std::os::fd::AsRawFd;
+        let piece = WRITE_PIECE as u64;
+        for at in (0..len).step_by(WRITE_PIECE) {
+            let (Ok(offset), Ok(count)) = (
+                libc::off_t::try_from(at),
+                libc::off_t::try_from(piece.min(len - at)),
+            ) else {
+                return;
+            };
+            // SAFETY: `posix_fadvise` reads no memory of ours; the descriptor is open for the
+            // call (a duplicate the caller keeps alive).
+            #[allow(unsafe_code)]
+            let code = unsafe {
+                libc::posix_fadvise(file.as_raw_fd(), offset, count, libc::POSIX_FADV_WILLNEED)
+            };
+            if code != 0 {
+                tracing::debug!(
+                    error = %io::Error::from_raw_os_error(code),
+                    "read-ahead of a staged update refused"
+                );
+                return;
+            }
+        }
+    }
+    #[cfg(not(any(target_os = "linux", target_os = "android", target_os = "freebsd")))]
+    let _ = (file, len);
+}
+
 fn byte_offset(values: usize) -> io::Result<u64> {
     values
         .checked_mul(4)
@@ -337,6 +427,49 @@ mod tests {
         assert!(layers.layer(4_990..5_001).is_empty());
         assert!(layers.layer(0..0).is_empty());
         drop(layers);
+        drop(staged);
+        fs::remove_dir(&dir).unwrap();
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn prefetch_reads_a_dropped_update_back_into_the_page_cache() {
+        use std::os::fd::AsRawFd;
+        let dir = std::env::temp_dir().join(format!("kindred-staged-{}", rand::random::<u64>()));
+        // 40 MB and a part: past one read-ahead window (`read_ahead_kb`, 8 MiB on the host that
+        // measured it), which is all one piece of advice for the whole file reads.
+        let values: Vec<f32> = (0..(10 << 20) + 1_234)
+            .map(|i| (i % 977) as f32 - 488.0)
+            .collect();
+        let staged = StagedUpdate::create(&dir, values.len()).unwrap();
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        staged.write_le(0, &bytes).unwrap();
+        staged.file.sync_all().unwrap();
+        // Clean pages can be dropped, as a host short of memory drops them.
+        // SAFETY: no memory is passed; the descriptor is open.
+        #[allow(unsafe_code)]
+        let code = unsafe {
+            libc::posix_fadvise(staged.file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED)
+        };
+        assert_eq!(code, 0);
+        let dropped = staged.cached_share().unwrap();
+        staged.prefetch();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let mut share = staged.cached_share().unwrap();
+        while share < 1.0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            share = staged.cached_share().unwrap();
+        }
+        // A file system that keeps pages in memory only (tmpfs) drops nothing: then there is
+        // nothing to read back, and the test shows only that the advice is harmless.
+        if dropped >= 1.0 {
+            tracing::info!("the file system kept the pages: nothing was dropped");
+        }
+        assert_eq!(
+            share, 1.0,
+            "{share} of the file cached after read-ahead ({dropped} before)"
+        );
+        assert_eq!(staged.to_vec().unwrap(), values);
         drop(staged);
         fs::remove_dir(&dir).unwrap();
     }
