@@ -584,9 +584,9 @@ fn merge_fetch_timeout(f32_bytes: u64) -> Duration {
 }
 
 /// How long before its round a hub exchange node has the trainer's staged update read back
-/// into the page cache: 5% of the round, at most 10 s (13 ms at the demo's 0.25 s rounds, 10 s
-/// at 10^9 parameters' 255 s). Long enough for a few GB at disk speed, short enough that the
-/// host has no time to drop the pages again.
+/// into the page cache: 5% of the round, at most 10 s (0.15 s at the demo's 3 s rounds, 0.5 s
+/// at the default 10 s, 10 s at 10^9 parameters' 255 s). Long enough for a few GB at disk
+/// speed, short enough that the host has no time to drop the pages again.
 fn prefetch_lead_ms(t_ms: u64) -> u64 {
     (t_ms / 20).min(10_000)
 }
