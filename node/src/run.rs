@@ -413,16 +413,11 @@ async fn run_round(
 ) -> anyhow::Result<()> {
     let (routing, shared) = (ctx.routing, ctx.shared);
     let (updates, following) = (&mut *ctx.updates, &mut *ctx.following);
+    sleep_until_ms(start.saturating_sub(prefetch_lead_ms(t_ms))).await;
+    let early = early_update(engine, updates);
     sleep_until_ms(start).await;
     let began = std::time::Instant::now();
-    if engine.is_external() {
-        // Wait for the trainer's update until the announce deadline.
-        let deadline = Duration::from_millis((start + t_ms / 4).saturating_sub(now_ms()));
-        match tokio::time::timeout(deadline, updates.recv()).await {
-            Ok(Some(u)) => engine.push_external(u)?,
-            _ => return Err(EngineError::NoUpdate.into()),
-        }
-    }
+    take_update(engine, updates, early, start, t_ms).await?;
     let in_hand = std::time::Instant::now();
     let out = tokio::task::block_in_place(|| engine.make_packet(round, now_ms()))?;
     let packet_seconds = in_hand.elapsed().as_secs_f64();
@@ -583,7 +578,51 @@ fn merge_fetch_timeout(f32_bytes: u64) -> Duration {
     Duration::from_secs(10) + Duration::from_secs_f64(f32_bytes as f64 / 100e6)
 }
 
-/// How long before its round a hub exchange node has the trainer's staged update read back
+/// The trainer's update if it came already, its staged file being read back into the page
+/// cache ([`crate::staged::StagedUpdate::prefetch`]): called [`prefetch_lead_ms`] before the
+/// round.
+fn early_update(
+    engine: &Engine,
+    updates: &mut mpsc::Receiver<ExternalUpdate>,
+) -> Option<ExternalUpdate> {
+    if !engine.is_external() {
+        return None;
+    }
+    let update = updates.try_recv().ok()?;
+    update.update.prefetch();
+    Some(update)
+}
+
+/// Hand an external trainer's update for the round that started at `start` to the engine:
+/// `early`, or the first to come by the announce deadline (a quarter of the round in);
+/// [`EngineError::NoUpdate`] when none came. A node with a built-in trainer takes none.
+async fn take_update(
+    engine: &mut Engine,
+    updates: &mut mpsc::Receiver<ExternalUpdate>,
+    early: Option<ExternalUpdate>,
+    start: u64,
+    t_ms: u64,
+) -> anyhow::Result<()> {
+    if !engine.is_external() {
+        return Ok(());
+    }
+    let update = match early {
+        Some(u) => Some(u),
+        None => {
+            let deadline = Duration::from_millis((start + t_ms / 4).saturating_sub(now_ms()));
+            tokio::time::timeout(deadline, updates.recv())
+                .await
+                .ok()
+                .flatten()
+        }
+    };
+    match update {
+        Some(u) => Ok(engine.push_external(u)?),
+        None => Err(EngineError::NoUpdate.into()),
+    }
+}
+
+/// How long before its round a node has the trainer's staged update read back
 /// into the page cache: 5% of the round, at most 10 s (0.15 s at the demo's 3 s rounds, 0.5 s
 /// at the default 10 s, 10 s at 10^9 parameters' 255 s). Long enough for a few GB at disk
 /// speed, short enough that the host has no time to drop the pages again.
@@ -608,29 +647,11 @@ async fn run_hub_round(
     // before the round, while the node waits (`StagedUpdate::prefetch`).
     hub.idle_until(engine, start.saturating_sub(prefetch_lead_ms(t_ms)))
         .await?;
-    let early = if engine.is_external() {
-        ctx.updates.try_recv().ok()
-    } else {
-        None
-    };
-    if let Some(u) = &early {
-        u.update.prefetch();
-    }
+    let early = early_update(engine, ctx.updates);
     hub.idle_until(engine, start).await?;
     let began = std::time::Instant::now();
+    take_update(engine, ctx.updates, early, start, t_ms).await?;
     if engine.is_external() {
-        let deadline = Duration::from_millis((start + t_ms / 4).saturating_sub(now_ms()));
-        let update = match early {
-            Some(u) => Some(u),
-            None => tokio::time::timeout(deadline, ctx.updates.recv())
-                .await
-                .ok()
-                .flatten(),
-        };
-        match update {
-            Some(u) => engine.push_external(u)?,
-            None => return Err(EngineError::NoUpdate.into()),
-        }
         // The trainer sends its next update once it has taken the last merge: that merge is
         // released now rather than held beside this round's (a model's worth after an
         // adoption). A fetch under way keeps its copy until it is sent.

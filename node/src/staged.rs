@@ -126,7 +126,7 @@ impl StagedUpdate {
         })
     }
 
-    /// Have the kernel read the whole file into the page cache, on a thread of its own: the
+    /// Read what the page cache dropped of the file back into it, on a thread of its own: the
     /// call returns at once.
     ///
     /// Why: an upload waits in the page cache from its arrival until its round starts, and a
@@ -137,10 +137,11 @@ impl StagedUpdate {
     /// shortly before the round (the node's round loop does), the reads run while the node
     /// waits.
     ///
-    /// The kernel reads at most its read-ahead window (`read_ahead_kb`, a few MiB) per piece of
-    /// advice, however long the range (one `POSIX_FADV_WILLNEED` of the whole file read its
-    /// first 8 MiB here), so the file is asked for in [`WRITE_PIECE`]s; a piece already cached
-    /// costs a lookup. Advice only: a refusal is logged and costs the disk's latency later.
+    /// Each [`WRITE_PIECE`] not all cached is read with a plain read, which the kernel's
+    /// read-ahead serves in large folios; advice (`POSIX_FADV_WILLNEED`) would bring it back
+    /// in 4 KiB ones, which cost the distiller's mapping more page faults and CPU (`read_ahead`).
+    /// A piece still cached is not read. A failed read is logged and costs the disk's latency
+    /// later.
     pub fn prefetch(&self) {
         let Ok(len) = byte_offset(self.len) else {
             return;
@@ -154,7 +155,10 @@ impl StagedUpdate {
         };
         let spawned = std::thread::Builder::new()
             .name("kindred-read-ahead".into())
-            .spawn(move || read_ahead(&file, len));
+            .spawn(move || {
+                let read = read_ahead(&file, len);
+                tracing::debug!(read, "staged update read back into the page cache");
+            });
         if let Err(error) = spawned {
             tracing::debug!(%error, "no read-ahead of a staged update");
         }
@@ -166,10 +170,7 @@ impl StagedUpdate {
         // SAFETY: as in `layers`: the file is this update's own and nothing writes it now.
         #[allow(unsafe_code)]
         let map = unsafe { memmap2::Mmap::map(&self.file)? };
-        // SAFETY: `sysconf` takes no pointer.
-        #[allow(unsafe_code)]
-        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
-        let pages = map.len().div_ceil(page.max(1));
+        let pages = map.len().div_ceil(page_size());
         let mut vec = vec![0u8; pages];
         // SAFETY: `vec` has one byte per page of the mapping, which lives for the call.
         #[allow(unsafe_code)]
@@ -366,37 +367,90 @@ impl StagedWriter {
     }
 }
 
-/// Advise the kernel that all `len` bytes of `file` will be needed, a [`WRITE_PIECE`] at a
-/// time ([`StagedUpdate::prefetch`]); a no-op where that advice does not exist.
-fn read_ahead(file: &File, len: u64) {
-    #[cfg(any(target_os = "linux", target_os = "android", target_os = "freebsd"))]
+/// Read back into the page cache the [`WRITE_PIECE`]s of `file`'s `len` bytes that are not all
+/// cached ([`StagedUpdate::prefetch`]), with plain reads into one piece-sized buffer; returns
+/// the bytes read. A no-op where the page cache cannot be asked (`mincore`).
+///
+/// Why reads, not advice: `POSIX_FADV_WILLNEED` (and `MADV_WILLNEED`) fill the gaps with small
+/// folios, which the distiller's mapping then takes many more page faults to map than the
+/// 2 MiB ones of the upload; reads in order let the kernel's read-ahead grow its folios. At
+/// 10^9 parameters, a staged update dropped from the cache and read back by advice cost the
+/// distill step 1.2-1.6 s of CPU against 0.8-0.9 s never dropped (BENCHMARKS.md). A piece
+/// cached when this starts is not read (one `mincore` of the file says which).
+fn read_ahead(file: &File, len: u64) -> u64 {
+    #[cfg(any(target_os = "linux", target_os = "android"))]
     {
-        use std::os::fd::AsRawFd;
-        let piece = WRITE_PIECE as u64;
-        for at in (0..len).step_by(WRITE_PIECE) {
-            let (Ok(offset), Ok(count)) = (
-                libc::off_t::try_from(at),
-                libc::off_t::try_from(piece.min(len - at)),
-            ) else {
-                return;
-            };
-            // SAFETY: `posix_fadvise` reads no memory of ours; the descriptor is open for the
-            // call (a duplicate the caller keeps alive).
+        // SAFETY: a read-only shared mapping of the staged file, which nobody writes once it is
+        // staged (`StagedUpdate::layers`); it is never read through, only passed to `mincore`.
+        #[allow(unsafe_code)]
+        let Ok(map) = (unsafe { memmap2::Mmap::map(file) }) else {
+            return 0;
+        };
+        let total = usize::try_from(len).map_or(0, |l| l.min(map.len()));
+        let page = page_size();
+        // Which pages are cached, taken once before reading: a read's own read-ahead brings in
+        // pieces after it, which are read all the same, so that a dropped stretch is read in
+        // order and the read-ahead keeps growing its folios (skipping them, the next read
+        // starts a new, small read-ahead).
+        let mut resident = vec![0u8; total.div_ceil(page)];
+        if total > 0 {
+            // SAFETY: the mapping is at least `total` bytes long and outlives the call;
+            // `resident` has a byte per page of them.
             #[allow(unsafe_code)]
             let code = unsafe {
-                libc::posix_fadvise(file.as_raw_fd(), offset, count, libc::POSIX_FADV_WILLNEED)
+                libc::mincore(
+                    map.as_ptr() as *mut libc::c_void,
+                    total,
+                    resident.as_mut_ptr(),
+                )
             };
             if code != 0 {
                 tracing::debug!(
-                    error = %io::Error::from_raw_os_error(code),
-                    "read-ahead of a staged update refused"
+                    error = %io::Error::last_os_error(),
+                    "no read-ahead of a staged update"
                 );
-                return;
+                return 0;
             }
         }
+        drop(map);
+        let mut buffer = vec![0u8; WRITE_PIECE];
+        let mut read = 0u64;
+        let per_piece = WRITE_PIECE / page.min(WRITE_PIECE);
+        for (piece, flags) in resident.chunks(per_piece.max(1)).enumerate() {
+            if flags.iter().all(|&f| f & 1 == 1) {
+                continue;
+            }
+            let at = piece * WRITE_PIECE;
+            let Some(buf) = buffer.get_mut(..WRITE_PIECE.min(total - at)) else {
+                return read;
+            };
+            match file.read_exact_at(buf, at as u64) {
+                Ok(()) => read += buf.len() as u64,
+                Err(error) => {
+                    tracing::debug!(%error, "read-ahead of a staged update stopped");
+                    return read;
+                }
+            }
+        }
+        read
     }
-    #[cfg(not(any(target_os = "linux", target_os = "android", target_os = "freebsd")))]
-    let _ = (file, len);
+    #[cfg(not(any(target_os = "linux", target_os = "android")))]
+    {
+        let _ = (file, len);
+        0
+    }
+}
+
+/// The system's page size (4 KiB where it cannot be asked).
+#[cfg(any(target_os = "linux", target_os = "android"))]
+fn page_size() -> usize {
+    // SAFETY: `sysconf` takes no pointer.
+    #[allow(unsafe_code)]
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(page)
+        .ok()
+        .filter(|&p| p > 0)
+        .unwrap_or(4096)
 }
 
 fn byte_offset(values: usize) -> io::Result<u64> {
@@ -438,7 +492,7 @@ mod tests {
         use std::os::fd::AsRawFd;
         let dir = std::env::temp_dir().join(format!("kindred-staged-{}", rand::random::<u64>()));
         // 40 MB and a part: past one read-ahead window (`read_ahead_kb`, 8 MiB on the host that
-        // measured it), which is all one piece of advice for the whole file reads.
+        // measured it), which is all one piece of advice for the whole file read.
         let values: Vec<f32> = (0..(10 << 20) + 1_234)
             .map(|i| (i % 977) as f32 - 488.0)
             .collect();
@@ -446,14 +500,33 @@ mod tests {
         let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
         staged.write_le(0, &bytes).unwrap();
         staged.file.sync_all().unwrap();
+        let len = bytes.len() as u64;
         // Clean pages can be dropped, as a host short of memory drops them.
-        // SAFETY: no memory is passed; the descriptor is open.
-        #[allow(unsafe_code)]
-        let code = unsafe {
-            libc::posix_fadvise(staged.file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED)
+        let drop_cache = || {
+            // SAFETY: no memory is passed; the descriptor is open.
+            #[allow(unsafe_code)]
+            let code = unsafe {
+                libc::posix_fadvise(staged.file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED)
+            };
+            assert_eq!(code, 0);
+            staged.cached_share().unwrap()
         };
-        assert_eq!(code, 0);
-        let dropped = staged.cached_share().unwrap();
+        // A file system that keeps pages in memory only (tmpfs) drops nothing (the share
+        // stays 1): there is nothing to read back, and nothing is read. On a disk-backed one
+        // (ext4 here) nothing is left cached (0); the reads' own read-ahead brings in pieces
+        // ahead of them, which are then not read.
+        let dropped = drop_cache();
+        let read = read_ahead(&staged.file, len);
+        if dropped == 1.0 {
+            assert_eq!(read, 0);
+        } else {
+            assert!(read > 0 && read <= len, "{read} of {len} bytes read");
+        }
+        assert_eq!(staged.cached_share().unwrap(), 1.0);
+        // A file all cached is not read again.
+        assert_eq!(read_ahead(&staged.file, len), 0);
+        // The same on its thread, as the node calls it.
+        let dropped = drop_cache();
         staged.prefetch();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
         let mut share = staged.cached_share().unwrap();
@@ -461,14 +534,56 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(10));
             share = staged.cached_share().unwrap();
         }
-        // A file system that keeps pages in memory only (tmpfs) drops nothing (`dropped` is
-        // then 1): there is nothing to read back, and the test shows only that the advice is
-        // harmless. On a disk-backed one (ext4 here) nothing is left cached (0).
         assert_eq!(
             share, 1.0,
             "{share} of the file cached after read-ahead ({dropped} before)"
         );
         assert_eq!(staged.to_vec().unwrap(), values);
+        drop(staged);
+        fs::remove_dir(&dir).unwrap();
+    }
+
+    /// Only the pieces with a page missing are read, each whole.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn read_ahead_reads_only_the_pieces_the_cache_dropped() {
+        use std::os::fd::AsRawFd;
+        let dir = std::env::temp_dir().join(format!("kindred-staged-{}", rand::random::<u64>()));
+        // Three pieces and a part.
+        let len = 3 * WRITE_PIECE / 4 + 1_000;
+        let staged = StagedUpdate::create(&dir, len).unwrap();
+        let bytes = vec![7u8; len * 4];
+        staged.write_le(0, &bytes).unwrap();
+        staged.file.sync_all().unwrap();
+        // The second piece and the last one's part (a page of a 2 MiB folio cannot be dropped
+        // alone: the folio stays).
+        for (at, count) in [(WRITE_PIECE, WRITE_PIECE), (3 * WRITE_PIECE, 4000)] {
+            // SAFETY: no memory is passed; the descriptor is open.
+            #[allow(unsafe_code)]
+            let code = unsafe {
+                libc::posix_fadvise(
+                    staged.file.as_raw_fd(),
+                    at as libc::off_t,
+                    count as libc::off_t,
+                    libc::POSIX_FADV_DONTNEED,
+                )
+            };
+            assert_eq!(code, 0);
+        }
+        let read = read_ahead(&staged.file, bytes.len() as u64);
+        if staged.cached_share().unwrap() == 1.0 && read == 0 {
+            // tmpfs: nothing was dropped.
+            drop(staged);
+            fs::remove_dir(&dir).unwrap();
+            return;
+        }
+        // The second piece, and the last unless the second's read-ahead reached it; never the
+        // first or the third.
+        assert!(
+            (WRITE_PIECE as u64..=(WRITE_PIECE + 4_000) as u64).contains(&read),
+            "{read}"
+        );
+        assert_eq!(staged.cached_share().unwrap(), 1.0);
         drop(staged);
         fs::remove_dir(&dir).unwrap();
     }
