@@ -160,6 +160,20 @@ pub fn run(opts: &BenchModelOptions) -> anyhow::Result<BenchModelReport> {
         );
     }
     let (base, _cleanup) = work_dir(opts.dir.as_deref(), "bench")?;
+    let need = disk_needed(opts.nodes, spec.f32_bytes());
+    if let Ok(free) = fs2::available_space(&base)
+        && free < need
+    {
+        bail!(
+            "{} nodes of {} parameters need about {:.1} GB free in {}, and {:.1} GB are: \
+             free some, or pass --dir on a larger disk",
+            opts.nodes,
+            opts.params,
+            need as f64 / 1e9,
+            base.display(),
+            free as f64 / 1e9
+        );
+    }
 
     let ports = free_ports(opts.nodes * 2)?;
     let mut nodes = Vec::with_capacity(opts.nodes);
@@ -561,6 +575,14 @@ fn fetch_merge(
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// Disk a run's nodes need: each stages its update (the f32 model's size) and checkpoints its
+/// model and residuals, with the last checkpoint kept until the next is written. At 10^9 a
+/// member and its hub held 14 GB (1.75x the f32 model a node) by the end of a run; 2.5x a node
+/// leaves room for a checkpoint being replaced.
+fn disk_needed(nodes: usize, f32_bytes: u64) -> u64 {
+    (nodes as f64 * 2.5 * f32_bytes as f64) as u64
 }
 
 /// A node's synthetic update for one round as a safetensors file, produced as it is read: the

@@ -619,7 +619,8 @@ pub(crate) fn init_node(exe: &Path, dir: &Path) -> anyhow::Result<String> {
 /// Start `kindred run` on an initialised node directory, logging to `node.log` there.
 pub(crate) fn spawn_node(exe: &Path, dir: &Path) -> anyhow::Result<NodeProcess> {
     let log = std::fs::File::create(dir.join("node.log"))?;
-    let child = Command::new(exe)
+    let mut command = Command::new(exe);
+    command
         .args(["run", "--data-dir"])
         .arg(dir)
         .env(
@@ -627,10 +628,40 @@ pub(crate) fn spawn_node(exe: &Path, dir: &Path) -> anyhow::Result<NodeProcess> 
             std::env::var("RUST_LOG").unwrap_or_else(|_| crate::DEFAULT_LOG_FILTER.into()),
         )
         .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .context("starting a node")?;
+        .stderr(log);
+    stop_with_parent(&mut command);
+    let child = command.spawn().context("starting a node")?;
     Ok(NodeProcess(child))
+}
+
+/// Have the kernel send a child `SIGTERM` when the thread that started it exits, so a harness
+/// killed by a signal (which runs no `Drop`) leaves no node running (`timeout` on `kindred
+/// bench-model` left a node running, at 10^9 parameters a model's worth of memory). The
+/// harness starts its nodes on the thread that runs it to the end. Linux only; elsewhere the
+/// nodes outlive a killed harness.
+fn stop_with_parent(command: &mut Command) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: `getpid` before the fork; in the child, `prctl`, `getppid` and `_exit` only,
+        // all async-signal-safe, and no allocation.
+        #[allow(unsafe_code)]
+        unsafe {
+            let parent = libc::getpid();
+            command.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // The parent died before the call: nobody would send the signal.
+                if libc::getppid() != parent {
+                    libc::_exit(1);
+                }
+                Ok(())
+            });
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = command;
 }
 
 /// A node process, killed if the harness exits early.

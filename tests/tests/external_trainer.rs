@@ -1,12 +1,12 @@
 //! The external-trainer API through the Python package (`node/python`, numpy path): its example
 //! trains the MNIST MLP through a real node, pushing updates and applying merged ones; and the
 //! package's own tests (errors, retries, the torch path where torch is importable).
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
 use std::time::Duration;
 
-use kindred_node::config::TrainerKind;
+use kindred_node::config::{ExchangeKind, TrainerKind};
 use kindred_tests::{NodeProc, TempDir, node_config, python_client, wait_for};
 
 #[test]
@@ -30,12 +30,25 @@ fn python_package_tests_pass() {
 
 #[test]
 fn python_client_pushes_updates_and_pulls_merged_ones() {
+    client_trains_through(ExchangeKind::Hub);
+}
+
+/// The pairwise exchange takes the trainer's update by its own round loop.
+#[test]
+fn python_client_trains_through_a_pairwise_node() {
+    client_trains_through(ExchangeKind::Pairwise);
+}
+
+/// The package's example trains 3 rounds through a node of `exchange`, which distills and
+/// checkpoints each update it pushes.
+fn client_trains_through(exchange: ExchangeKind) {
     let Some(mut python) = python_client() else {
         return;
     };
     let dir = TempDir::new("external");
     let mut c = node_config("external-test", 0, 0, 1, 2.0);
     c.trainer.kind = TrainerKind::External;
+    c.exchange = exchange;
     let mut node = NodeProc::init(dir.path().join("node"), c);
     node.start();
     wait_for(Duration::from_secs(30), || node.status()).expect("node API up");
