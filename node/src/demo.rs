@@ -636,7 +636,7 @@ pub(crate) fn spawn_node(exe: &Path, dir: &Path) -> anyhow::Result<NodeProcess> 
 
 /// Have the kernel send a child `SIGTERM` when the thread that started it exits, so a harness
 /// killed by a signal (which runs no `Drop`) leaves no node running (`timeout` on `kindred
-/// bench-model` left a node running, at 10^9 parameters a model's worth of memory). The
+/// bench-model` left one running; a node peaks at 8.8 GiB at 10^9 parameters). The
 /// harness starts its nodes on the thread that runs it to the end. Linux only; elsewhere the
 /// nodes outlive a killed harness.
 fn stop_with_parent(command: &mut Command) {

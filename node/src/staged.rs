@@ -486,13 +486,34 @@ mod tests {
         fs::remove_dir(&dir).unwrap();
     }
 
+    /// Drop `count` bytes of `staged`'s file from `at` out of the page cache (0: to the end),
+    /// as a host short of memory drops clean pages.
+    #[cfg(target_os = "linux")]
+    fn drop_from_cache(staged: &StagedUpdate, at: usize, count: usize) {
+        use std::os::fd::AsRawFd;
+        let (at, count) = (
+            libc::off_t::try_from(at).unwrap(),
+            libc::off_t::try_from(count).unwrap(),
+        );
+        // SAFETY: no memory is passed; the descriptor is open.
+        #[allow(unsafe_code)]
+        let code = unsafe {
+            libc::posix_fadvise(
+                staged.file.as_raw_fd(),
+                at,
+                count,
+                libc::POSIX_FADV_DONTNEED,
+            )
+        };
+        assert_eq!(code, 0);
+    }
+
     #[cfg(target_os = "linux")]
     #[test]
     fn prefetch_reads_a_dropped_update_back_into_the_page_cache() {
-        use std::os::fd::AsRawFd;
         let dir = std::env::temp_dir().join(format!("kindred-staged-{}", rand::random::<u64>()));
-        // 40 MB and a part: past one read-ahead window (`read_ahead_kb`, 8 MiB on the host that
-        // measured it), which is all one piece of advice for the whole file read.
+        // 40 MB and a part: several read-ahead windows (`read_ahead_kb`, 8 MiB on the host that
+        // measured it); one piece of advice for the whole file read only the first.
         let values: Vec<f32> = (0..(10 << 20) + 1_234)
             .map(|i| (i % 977) as f32 - 488.0)
             .collect();
@@ -503,12 +524,7 @@ mod tests {
         let len = bytes.len() as u64;
         // Clean pages can be dropped, as a host short of memory drops them.
         let drop_cache = || {
-            // SAFETY: no memory is passed; the descriptor is open.
-            #[allow(unsafe_code)]
-            let code = unsafe {
-                libc::posix_fadvise(staged.file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED)
-            };
-            assert_eq!(code, 0);
+            drop_from_cache(&staged, 0, 0);
             staged.cached_share().unwrap()
         };
         // A file system that keeps pages in memory only (tmpfs) drops nothing (the share
@@ -549,7 +565,6 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn read_ahead_reads_only_the_pieces_the_cache_dropped() {
-        use std::os::fd::AsRawFd;
         let dir = std::env::temp_dir().join(format!("kindred-staged-{}", rand::random::<u64>()));
         // Three pieces and a part.
         let len = 3 * WRITE_PIECE / 4 + 1_000;
@@ -560,17 +575,7 @@ mod tests {
         // The second piece and the last one's part (a page of a 2 MiB folio cannot be dropped
         // alone: the folio stays).
         for (at, count) in [(WRITE_PIECE, WRITE_PIECE), (3 * WRITE_PIECE, 4000)] {
-            // SAFETY: no memory is passed; the descriptor is open.
-            #[allow(unsafe_code)]
-            let code = unsafe {
-                libc::posix_fadvise(
-                    staged.file.as_raw_fd(),
-                    at as libc::off_t,
-                    count as libc::off_t,
-                    libc::POSIX_FADV_DONTNEED,
-                )
-            };
-            assert_eq!(code, 0);
+            drop_from_cache(&staged, at, count);
         }
         let read = read_ahead(&staged.file, bytes.len() as u64);
         if staged.cached_share().unwrap() == 1.0 && read == 0 {
