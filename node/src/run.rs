@@ -43,7 +43,7 @@ use crate::exchange::{HubDriver, HubRoundStats, exchange_config};
 use crate::merged::MergedUpdate;
 use crate::metrics::NodeMetrics;
 use crate::staged::StagedUpdate;
-use crate::store::Store;
+use crate::store::{MAX_KNOWN_PEERS, Store, StoreError};
 
 /// When in a round the partner lookup starts, as a fraction of the round length.
 pub const LOOKUP_AT: f64 = 0.45;
@@ -257,10 +257,16 @@ pub async fn run(
     }
 
     // Join in the background: rounds start on schedule even while bootstrap peers are down.
+    // The peers known before a restart come first: a node that was everyone's bootstrap peer
+    // has none configured, and one whose bootstrap peers left still knows others.
     {
         let routing = routing.clone();
         let bootstrap = config.bootstrap.clone();
-        tokio::spawn(async move { join_swarm(&routing, &bootstrap).await });
+        let known = store.known_peers().unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "known peers not restored; joining through bootstrap only");
+            Vec::new()
+        });
+        tokio::spawn(async move { join_swarm(&routing, &bootstrap, &known).await });
     }
 
     let t_ms = (config.round_secs * 1000.0).round().max(1.0) as u64;
@@ -326,9 +332,36 @@ pub async fn run(
     Ok(status)
 }
 
-/// Dial every bootstrap address (retrying for a while: peers may still be starting) and fill the
-/// routing table.
-async fn join_swarm(routing: &RoutingHandle, bootstrap: &[String]) {
+/// Persist what routing must find again after a restart, before the round's commit flushes it:
+/// the replay marks (a packet superseded before the crash stays refused) and the peers to
+/// rejoin through.
+async fn persist_routing(store: &Store, routing: &RoutingHandle) -> Result<(), StoreError> {
+    if let Some(marks) = routing.replay_marks().await {
+        store.put_replay_marks(&marks)?;
+    }
+    match routing.known_peers(MAX_KNOWN_PEERS).await {
+        Some(peers) if !peers.is_empty() => store.put_known_peers(&peers),
+        _ => Ok(()),
+    }
+}
+
+/// Rejoin through the peers known before a restart (`known`, into the routing table and one
+/// DHT bootstrap through them, which dials them), then dial every bootstrap address (retrying
+/// for a while: peers may still be starting) and fill the routing table.
+async fn join_swarm(routing: &RoutingHandle, bootstrap: &[String], known: &[Multiaddr]) {
+    let mut added = 0usize;
+    for addr in known {
+        if let Some(peer) = peer_of(addr) {
+            routing.add_peer(peer, addr.clone()).await;
+            added += 1;
+        }
+    }
+    if added > 0 {
+        match routing.bootstrap().await {
+            Ok(()) => tracing::info!(peers = added, "rejoined through the peers known before"),
+            Err(e) => tracing::info!(peers = added, error = %e, "known peers unreachable"),
+        }
+    }
     if bootstrap.is_empty() {
         return;
     }
@@ -360,11 +393,21 @@ async fn join_swarm(routing: &RoutingHandle, bootstrap: &[String]) {
         }
     }
     if joined == 0 {
-        tracing::warn!("no bootstrap peer reachable; running alone until peers dial in");
+        if added == 0 {
+            tracing::warn!("no bootstrap peer reachable; running alone until peers dial in");
+        }
         return;
     }
     if let Err(e) = routing.bootstrap().await {
         tracing::warn!(error = %e, "DHT bootstrap failed");
+    }
+}
+
+/// The peer an address ends in (`…/p2p/<peer>`).
+fn peer_of(addr: &Multiaddr) -> Option<PeerId> {
+    match addr.iter().last()? {
+        libp2p::multiaddr::Protocol::P2p(peer) => Some(peer),
+        _ => None,
     }
 }
 
@@ -486,10 +529,8 @@ async fn run_round(
     let exchanged = std::time::Instant::now();
     let accuracy = tokio::task::block_in_place(|| engine.accuracy())?;
     let merged = Update::from_dense(std::mem::take(&mut report.merged)).into();
-    // Replay marks first: the round commit below flushes them with it.
-    if let Some(marks) = routing.replay_marks().await {
-        engine.store().put_replay_marks(&marks)?;
-    }
+    // Routing state first: the round commit below flushes it with it.
+    persist_routing(engine.store(), routing).await?;
     tokio::task::block_in_place(|| engine.checkpoint(round))?;
     let timings = round_timings(&out, in_hand, packet_seconds, exchanged);
 
@@ -671,9 +712,7 @@ async fn run_hub_round(
     seal_snapshot(engine, round, ctx.snapshots);
     let accuracy = tokio::task::block_in_place(|| engine.accuracy())?;
     tokio::task::block_in_place(|| hub.persist(engine.store()))?;
-    if let Some(marks) = routing.replay_marks().await {
-        engine.store().put_replay_marks(&marks)?;
-    }
+    persist_routing(engine.store(), routing).await?;
     tokio::task::block_in_place(|| engine.checkpoint(round))?;
     let timings = round_timings(&out, in_hand, packet_seconds, exchanged);
 

@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 
 use kindred_proto::{ModelId, PacketId};
 use kindred_routing::ReplayMark;
-use libp2p::PeerId;
+use libp2p::{Multiaddr, PeerId};
 use libp2p_identity::ed25519;
 use rand::RngCore;
 
@@ -33,6 +33,7 @@ const KEY_IDENTITY: &[u8] = b"identity";
 const KEY_ROUND: &[u8] = b"round";
 const KEY_REPLAY: &[u8] = b"replay_marks";
 const KEY_EXCHANGE: &[u8] = b"exchange";
+const KEY_KNOWN_PEERS: &[u8] = b"known_peers";
 /// The hub exchange's persisted record and the blob it names ([`Store::exchange`]).
 pub type ExchangeRecord = (Vec<u8>, Option<BlobId>);
 const KEY_EXCHANGE_BLOB: &[u8] = b"exchange_blob";
@@ -42,6 +43,11 @@ pub const MAX_EXCHANGE_RECORD: usize = 1 << 20;
 
 /// Most replay marks persisted (one per sender and model); a larger record is corrupt.
 pub const MAX_REPLAY_MARKS: usize = 1 << 16;
+/// Most peers persisted for rejoining after a restart ([`Store::put_known_peers`]).
+pub const MAX_KNOWN_PEERS: usize = 32;
+/// Longest encoded address accepted in the known-peer record (a `/dns4/…/tcp/…/p2p/…` one is
+/// under 300 bytes).
+const MAX_ADDR_LEN: usize = 512;
 /// Longest encoded `PeerId` accepted in a replay record (an ed25519 one is 38 bytes).
 const MAX_PEER_ID_LEN: usize = 64;
 
@@ -425,6 +431,47 @@ impl Store {
             .ok_or_else(|| StoreError::Corrupt("replay-mark record does not decode".into()))
     }
 
+    /// Persist the peers to dial when the node starts again (at most [`MAX_KNOWN_PEERS`]; an
+    /// address longer than the decoder accepts is left out). Written with the round record's
+    /// durability, like [`Store::put_replay_marks`].
+    ///
+    /// # Errors
+    /// A database error.
+    pub fn put_known_peers(&self, addrs: &[Multiaddr]) -> Result<(), StoreError> {
+        let kept: Vec<Vec<u8>> = addrs
+            .iter()
+            .map(Multiaddr::to_vec)
+            .filter(|a| a.len() <= MAX_ADDR_LEN)
+            .take(MAX_KNOWN_PEERS)
+            .collect();
+        let mut out = Vec::with_capacity(1 + kept.iter().map(|a| 2 + a.len()).sum::<usize>());
+        out.push(kept.len() as u8);
+        for a in &kept {
+            out.extend_from_slice(&(a.len() as u16).to_le_bytes());
+            out.extend_from_slice(a);
+        }
+        self.state
+            .insert(KEY_KNOWN_PEERS, out)
+            .map_err(|e| self.db_err(e))?;
+        Ok(())
+    }
+
+    /// The peers persisted by [`Store::put_known_peers`] (empty before the first round).
+    ///
+    /// # Errors
+    /// [`StoreError::Corrupt`] when the record does not decode.
+    pub fn known_peers(&self) -> Result<Vec<Multiaddr>, StoreError> {
+        let Some(bytes) = self
+            .state
+            .get(KEY_KNOWN_PEERS)
+            .map_err(|e| self.db_err(e))?
+        else {
+            return Ok(Vec::new());
+        };
+        decode_known_peers(&bytes)
+            .ok_or_else(|| StoreError::Corrupt("known-peer record does not decode".into()))
+    }
+
     /// Store one of our own packets: the body as a blob, the header in sled.
     ///
     /// # Errors
@@ -572,6 +619,27 @@ fn decode_replay_marks(bytes: &[u8]) -> Option<Vec<ReplayMark>> {
     b.is_empty().then_some(marks)
 }
 
+/// The known-peer record: a count byte, then per address a `u16` length and its bytes.
+fn decode_known_peers(bytes: &[u8]) -> Option<Vec<Multiaddr>> {
+    let (&count, mut b) = bytes.split_first()?;
+    let count = usize::from(count);
+    if count > MAX_KNOWN_PEERS {
+        return None;
+    }
+    let mut addrs = Vec::with_capacity(count);
+    for _ in 0..count {
+        let (len, rest) = b.split_at_checked(2)?;
+        let len = usize::from(u16::from_le_bytes(len.try_into().ok()?));
+        if len > MAX_ADDR_LEN {
+            return None;
+        }
+        let (addr, rest) = rest.split_at_checked(len)?;
+        addrs.push(Multiaddr::try_from(addr.to_vec()).ok()?);
+        b = rest;
+    }
+    b.is_empty().then_some(addrs)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -630,6 +698,65 @@ mod tests {
         store.state.insert(KEY_REPLAY, &good[..5]).unwrap();
         assert!(matches!(store.replay_marks(), Err(StoreError::Corrupt(_))));
         fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn known_peers_survive_reopen_and_bad_records_are_corrupt() {
+        let dir = tempdir();
+        let addrs: Vec<Multiaddr> = (0..3u16)
+            .map(|i| {
+                let peer = libp2p::identity::Keypair::generate_ed25519()
+                    .public()
+                    .to_peer_id();
+                format!("/ip4/127.0.0.{i}/tcp/{}/p2p/{peer}", 4000 + i)
+                    .parse()
+                    .unwrap()
+            })
+            .collect();
+        {
+            let store = Store::open(&dir).unwrap();
+            assert!(store.known_peers().unwrap().is_empty());
+            store.put_known_peers(&addrs).unwrap();
+            store.flush().unwrap();
+        }
+        let store = reopen(&dir);
+        assert_eq!(store.known_peers().unwrap(), addrs);
+        let good = store.state.get(KEY_KNOWN_PEERS).unwrap().unwrap().to_vec();
+        for cut in 0..good.len() {
+            assert!(decode_known_peers(&good[..cut]).is_none(), "cut {cut}");
+        }
+        let mut long = good.clone();
+        long.push(0);
+        assert!(decode_known_peers(&long).is_none());
+        assert!(decode_known_peers(&[u8::MAX]).is_none());
+        // More than the cap are cut to it.
+        let many: Vec<Multiaddr> = (0..MAX_KNOWN_PEERS as u16 + 5)
+            .map(|i| format!("/ip4/10.0.0.1/tcp/{i}").parse().unwrap())
+            .collect();
+        store.put_known_peers(&many).unwrap();
+        assert_eq!(store.known_peers().unwrap(), many[..MAX_KNOWN_PEERS]);
+        store.state.insert(KEY_KNOWN_PEERS, &good[..4]).unwrap();
+        assert!(matches!(store.known_peers(), Err(StoreError::Corrupt(_))));
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    proptest::proptest! {
+        /// Any bytes decode to a record or to nothing, never a panic; what decodes encodes
+        /// back to the same bytes.
+        #[test]
+        fn known_peer_decoder_takes_any_bytes(
+            bytes in proptest::collection::vec(0u8..=255, 0..600),
+        ) {
+            if let Some(addrs) = decode_known_peers(&bytes) {
+                let mut out = vec![addrs.len() as u8];
+                for a in &addrs {
+                    let a = a.to_vec();
+                    out.extend_from_slice(&(a.len() as u16).to_le_bytes());
+                    out.extend_from_slice(&a);
+                }
+                proptest::prop_assert_eq!(out, bytes);
+            }
+        }
     }
 
     #[test]

@@ -348,6 +348,9 @@ impl Driver {
                     .collect();
                 let _ = reply.send(marks);
             }
+            Command::KnownPeers { limit, reply } => {
+                let _ = reply.send(self.known_peers(limit));
+            }
             Command::RestoreReplayMarks { marks } => {
                 let replay = self.core.replay_mut();
                 for m in marks {
@@ -993,6 +996,27 @@ impl Driver {
             .kbuckets()
             .map(|b| b.num_entries())
             .sum()
+    }
+
+    /// Up to `limit` routing-table peers, connected first, each with the first (oldest)
+    /// address Kademlia holds for it, as `<addr>/p2p/<peer>`.
+    fn known_peers(&mut self, limit: usize) -> Vec<Multiaddr> {
+        let mut peers: Vec<(bool, Multiaddr)> = Vec::new();
+        for bucket in self.swarm.behaviour_mut().kad.kbuckets() {
+            for entry in bucket.iter() {
+                let peer = *entry.node.key.preimage();
+                let Some(addr) = entry.node.value.iter().next() else {
+                    continue;
+                };
+                if let Ok(addr) = addr.clone().with_p2p(peer) {
+                    let connected = entry.status == kad::NodeStatus::Connected;
+                    peers.push((connected, addr));
+                }
+            }
+        }
+        // Stable: within each group, the routing table's order (nearest buckets first).
+        peers.sort_by_key(|(connected, _)| !connected);
+        peers.into_iter().take(limit).map(|(_, a)| a).collect()
     }
 
     /// A bootstrap query ended: answer whoever asked for it.

@@ -234,6 +234,10 @@ pub(crate) enum Command {
     ReplayMarks {
         reply: oneshot::Sender<Vec<ReplayMark>>,
     },
+    KnownPeers {
+        limit: usize,
+        reply: oneshot::Sender<Vec<Multiaddr>>,
+    },
     RestoreReplayMarks {
         marks: Vec<ReplayMark>,
     },
@@ -417,6 +421,14 @@ impl RoutingHandle {
     /// with [`RoutingHandle::restore_replay_marks`]; `None` when the driver has stopped.
     pub async fn replay_marks(&self) -> Option<Vec<ReplayMark>> {
         self.ask(|reply| Command::ReplayMarks { reply }).await
+    }
+
+    /// Up to `limit` peers of the routing table, connected ones first, each as one dialable
+    /// address ending in `/p2p/<peer>`: what the node persists so that after a restart it
+    /// rejoins through the peers it knew, even when it was everyone's bootstrap peer or its
+    /// own bootstrap peers are gone. `None` when the driver has stopped.
+    pub async fn known_peers(&self, limit: usize) -> Option<Vec<Multiaddr>> {
+        self.ask(|reply| Command::KnownPeers { limit, reply }).await
     }
 
     /// Restore persisted replay marks (call before the first lookup after a restart). A mark

@@ -1,7 +1,7 @@
 //! The hub of a cohort is killed (`kill -9`) mid-round: its members still finish every round
 //! before the deadline, the cohort has a new hub within 3 rounds, and the old hub, restarted
-//! with its store, rejoins the swarm and keeps its exchange state; every node ends ahead of
-//! training alone.
+//! with its store, rejoins the swarm (through the peers it knew, even as everyone's bootstrap
+//! peer) and keeps its exchange state; every node ends ahead of training alone.
 #![allow(clippy::unwrap_used, clippy::print_stdout)]
 
 use std::collections::BTreeSet;
@@ -115,6 +115,17 @@ fn a_killed_hub_is_replaced_and_its_members_never_miss_a_round() {
     );
     let (role, _) = role_and_hub(&back).unwrap();
     assert!(role == "hub" || role == "member", "rejoined as {role}");
+    // It rejoined its cohort (through the peers it knew: node 0 has no bootstrap peer), not
+    // three rounds alone.
+    assert!(
+        back.history
+            .iter()
+            .filter_map(|r| r.exchange.as_ref())
+            .any(|x| x.applied.contains("merge")),
+        "the old hub merged nothing since its restart: {:?}\n{}",
+        back.history.iter().map(|r| &r.exchange).collect::<Vec<_>>(),
+        nodes[hub_index].log()
+    );
 
     // Every node, the restarted hub included, ends ahead of training alone.
     assert_beats_local_only(&nodes);
