@@ -1,5 +1,6 @@
-//! `kill -9` of two nodes mid-round, then restart: same PeerId, round counter, residuals and
-//! exchange state restored, store opens cleanly, and they rejoin and keep merging. Then every
+//! `kill -9` of three nodes mid-round, everyone's bootstrap peer (node 0) among them, then
+//! restart: same PeerId, round counter, residuals and exchange state restored, store opens
+//! cleanly, and they rejoin (node 0 through the peers it knew) and keep merging. Then every
 //! node stops cleanly (exit 0) on SIGTERM.
 #![allow(clippy::unwrap_used, clippy::print_stdout)]
 
@@ -26,10 +27,11 @@ fn killed_nodes_restart_with_identity_round_and_residuals() {
         );
     }
 
-    // kill -9 nodes 1 and 2 at an arbitrary point of a round.
+    // kill -9 nodes 0, 1 and 2 at an arbitrary point of a round.
     std::thread::sleep(Duration::from_millis(700));
+    let killed = [0, 1, 2];
     let mut before = Vec::new();
-    for i in [1, 2] {
+    for i in killed {
         let s = nodes[i].status().unwrap();
         before.push((s.peer_id.clone(), s.round.unwrap()));
         nodes[i].kill9();
@@ -37,7 +39,7 @@ fn killed_nodes_restart_with_identity_round_and_residuals() {
     }
     std::thread::sleep(Duration::from_secs_f64(ROUND_SECS * 1.5));
 
-    for (k, i) in [1, 2].into_iter().enumerate() {
+    for (k, i) in killed.into_iter().enumerate() {
         nodes[i].start();
         let (peer, round) = &before[k];
         // Identity, checkpoint, distiller state and the hub exchange's state (its view, its
@@ -53,8 +55,17 @@ fn killed_nodes_restart_with_identity_round_and_residuals() {
         );
     }
 
+    // Node 0 has no bootstrap peer: it rejoins through the peers it persisted, at once.
+    let rejoined = wait_for(Duration::from_secs(20), || {
+        nodes[0]
+            .log()
+            .contains("rejoined through the peers known before")
+            .then_some(())
+    });
+    assert!(rejoined.is_some(), "node 0 did not rejoin:\n{}", nodes[0].log());
+
     // They continue: new rounds after the restored one, merging with their cluster again.
-    for i in [1, 2] {
+    for i in killed {
         let s = wait_for(Duration::from_secs(60), || {
             nodes[i]
                 .status()
