@@ -345,10 +345,26 @@ async fn persist_routing(store: &Store, routing: &RoutingHandle) -> Result<(), S
     }
 }
 
-/// Rejoin through the peers known before a restart (`known`, into the routing table and one
-/// DHT bootstrap through them, which dials them), then dial every bootstrap address (retrying
-/// for a while: peers may still be starting) and fill the routing table.
+/// Join the swarm: rejoin through the peers known before a restart (`known`) and, at the same
+/// time, dial every bootstrap address, so that stale known peers never hold up the bootstrap
+/// peers (a dial to a host that is gone waits for its timeout).
 async fn join_swarm(routing: &RoutingHandle, bootstrap: &[String], known: &[Multiaddr]) {
+    let (rejoined, joined) = tokio::join!(
+        rejoin_known(routing, known),
+        dial_bootstrap(routing, bootstrap)
+    );
+    if joined > 0 {
+        if let Err(e) = routing.bootstrap().await {
+            tracing::warn!(error = %e, "DHT bootstrap failed");
+        }
+    } else if !rejoined && (!bootstrap.is_empty() || !known.is_empty()) {
+        tracing::warn!("no known or bootstrap peer reachable; running alone until peers dial in");
+    }
+}
+
+/// Put the peers known before a restart into the routing table and bootstrap the DHT through
+/// them (the query dials them); whether that reached any.
+async fn rejoin_known(routing: &RoutingHandle, known: &[Multiaddr]) -> bool {
     let mut added = 0usize;
     for addr in known {
         if let Some(peer) = peer_of(addr) {
@@ -356,15 +372,24 @@ async fn join_swarm(routing: &RoutingHandle, bootstrap: &[String], known: &[Mult
             added += 1;
         }
     }
-    if added > 0 {
-        match routing.bootstrap().await {
-            Ok(()) => tracing::info!(peers = added, "rejoined through the peers known before"),
-            Err(e) => tracing::info!(peers = added, error = %e, "known peers unreachable"),
+    if added == 0 {
+        return false;
+    }
+    match routing.bootstrap().await {
+        Ok(()) => {
+            tracing::info!(known = added, "rejoined the DHT after a restart");
+            true
+        }
+        Err(e) => {
+            tracing::info!(known = added, error = %e, "the peers known before are unreachable");
+            false
         }
     }
-    if bootstrap.is_empty() {
-        return;
-    }
+}
+
+/// Dial every bootstrap address (retrying for a while: peers may still be starting) and put
+/// those that answer into the routing table; how many did.
+async fn dial_bootstrap(routing: &RoutingHandle, bootstrap: &[String]) -> usize {
     let mut joined = 0;
     for addr in bootstrap {
         let Ok(addr) = addr.parse::<Multiaddr>() else {
@@ -375,8 +400,8 @@ async fn join_swarm(routing: &RoutingHandle, bootstrap: &[String], known: &[Mult
             match routing.dial(addr.clone()).await {
                 Ok(peer) => {
                     tracing::info!(%peer, %addr, "connected to bootstrap peer");
-                    // Into the routing table now, so the bootstrap below has a peer to start
-                    // from (identify would add it only after its first exchange).
+                    // Into the routing table now, so the bootstrap after it has a peer to
+                    // start from (identify would add it only after its first exchange).
                     routing.add_peer(peer, addr.clone()).await;
                     joined += 1;
                     break;
@@ -392,15 +417,7 @@ async fn join_swarm(routing: &RoutingHandle, bootstrap: &[String], known: &[Mult
             }
         }
     }
-    if joined == 0 {
-        if added == 0 {
-            tracing::warn!("no bootstrap peer reachable; running alone until peers dial in");
-        }
-        return;
-    }
-    if let Err(e) = routing.bootstrap().await {
-        tracing::warn!(error = %e, "DHT bootstrap failed");
-    }
+    joined
 }
 
 /// The peer an address ends in (`…/p2p/<peer>`).

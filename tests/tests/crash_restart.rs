@@ -59,10 +59,14 @@ fn killed_nodes_restart_with_identity_round_and_residuals() {
     let rejoined = wait_for(Duration::from_secs(20), || {
         nodes[0]
             .log()
-            .contains("rejoined through the peers known before")
+            .contains("rejoined the DHT after a restart")
             .then_some(())
     });
-    assert!(rejoined.is_some(), "node 0 did not rejoin:\n{}", nodes[0].log());
+    assert!(
+        rejoined.is_some(),
+        "node 0 did not rejoin:\n{}",
+        nodes[0].log()
+    );
 
     // They continue: new rounds after the restored one, merging with their cluster again.
     for i in killed {
