@@ -257,8 +257,9 @@ pub async fn run(
     }
 
     // Join in the background: rounds start on schedule even while bootstrap peers are down.
-    // The peers known before a restart come first: a node that was everyone's bootstrap peer
-    // has none configured, and one whose bootstrap peers left still knows others.
+    // The peers known before a restart are tried too, beside the bootstrap peers: a node that
+    // was everyone's bootstrap peer has none configured, and one whose bootstrap peers left
+    // still knows others.
     {
         let routing = routing.clone();
         let bootstrap = config.bootstrap.clone();
