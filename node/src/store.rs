@@ -13,7 +13,8 @@
 //! 3. **Nothing is updated in place.** A crash between steps leaves either the previous round's
 //!    state or the new one; unreferenced blobs and temp files are swept at the next open.
 //!
-//! sled holds the identity, the committed round and the index of our own packets.
+//! sled holds the identity, the committed round, the index of our own packets, and what routing
+//! needs back after a restart (replay marks, the peers to rejoin through).
 
 use std::fs::{self, File};
 use std::io::Write;
