@@ -439,18 +439,7 @@ impl Store {
     /// # Errors
     /// A database error.
     pub fn put_known_peers(&self, addrs: &[Multiaddr]) -> Result<(), StoreError> {
-        let kept: Vec<Vec<u8>> = addrs
-            .iter()
-            .map(Multiaddr::to_vec)
-            .filter(|a| a.len() <= MAX_ADDR_LEN)
-            .take(MAX_KNOWN_PEERS)
-            .collect();
-        let mut out = Vec::with_capacity(1 + kept.iter().map(|a| 2 + a.len()).sum::<usize>());
-        out.push(kept.len() as u8);
-        for a in &kept {
-            out.extend_from_slice(&(a.len() as u16).to_le_bytes());
-            out.extend_from_slice(a);
-        }
+        let out = encode_known_peers(addrs);
         self.state
             .insert(KEY_KNOWN_PEERS, out)
             .map_err(|e| self.db_err(e))?;
@@ -620,7 +609,25 @@ fn decode_replay_marks(bytes: &[u8]) -> Option<Vec<ReplayMark>> {
     b.is_empty().then_some(marks)
 }
 
-/// The known-peer record: a count byte, then per address a `u16` length and its bytes.
+/// The known-peer record: a count byte, then per address a `u16` length and its bytes. At
+/// most [`MAX_KNOWN_PEERS`] addresses, those longer than the decoder accepts left out.
+fn encode_known_peers(addrs: &[Multiaddr]) -> Vec<u8> {
+    let kept: Vec<Vec<u8>> = addrs
+        .iter()
+        .map(Multiaddr::to_vec)
+        .filter(|a| a.len() <= MAX_ADDR_LEN)
+        .take(MAX_KNOWN_PEERS)
+        .collect();
+    let mut out = Vec::with_capacity(1 + kept.iter().map(|a| 2 + a.len()).sum::<usize>());
+    out.push(kept.len() as u8);
+    for a in &kept {
+        out.extend_from_slice(&(a.len() as u16).to_le_bytes());
+        out.extend_from_slice(a);
+    }
+    out
+}
+
+/// Decode [`encode_known_peers`]'s record; `None` unless it is exactly one.
 fn decode_known_peers(bytes: &[u8]) -> Option<Vec<Multiaddr>> {
     let (&count, mut b) = bytes.split_first()?;
     let count = usize::from(count);
@@ -749,14 +756,42 @@ mod tests {
             bytes in proptest::collection::vec(0u8..=255, 0..600),
         ) {
             if let Some(addrs) = decode_known_peers(&bytes) {
-                let mut out = vec![addrs.len() as u8];
-                for a in &addrs {
-                    let a = a.to_vec();
-                    out.extend_from_slice(&(a.len() as u16).to_le_bytes());
-                    out.extend_from_slice(&a);
-                }
-                proptest::prop_assert_eq!(out, bytes);
+                proptest::prop_assert_eq!(encode_known_peers(&addrs), bytes);
             }
+        }
+
+        /// Records of any addresses read back as the first [`MAX_KNOWN_PEERS`] of them; a
+        /// byte changed anywhere in one decodes to a record or to nothing, never a panic.
+        #[test]
+        fn known_peer_records_round_trip_and_survive_a_changed_byte(
+            hosts in proptest::collection::vec((0u8..=255, 1u16..=u16::MAX), 0..40),
+            at in 0usize..2_000,
+            byte in 0u8..=255,
+        ) {
+            let addrs: Vec<Multiaddr> = hosts
+                .iter()
+                .map(|&(h, port)| {
+                    let peer = PeerId::from_public_key(
+                        &libp2p_identity::Keypair::ed25519_from_bytes([h; 32])
+                            .map_err(|e| proptest::test_runner::TestCaseError::fail(e.to_string()))?
+                            .public(),
+                    );
+                    format!("/ip4/10.0.{h}.1/tcp/{port}/p2p/{peer}")
+                        .parse()
+                        .map_err(|e: libp2p::multiaddr::Error| {
+                            proptest::test_runner::TestCaseError::fail(e.to_string())
+                        })
+                })
+                .collect::<Result<_, _>>()?;
+            let mut record = encode_known_peers(&addrs);
+            let back = decode_known_peers(&record);
+            let kept = &addrs[..addrs.len().min(MAX_KNOWN_PEERS)];
+            proptest::prop_assert_eq!(back.as_deref(), Some(kept));
+            let i = at % record.len();
+            if let Some(b) = record.get_mut(i) {
+                *b = byte;
+            }
+            let _ = decode_known_peers(&record);
         }
     }
 
