@@ -167,18 +167,8 @@ impl StagedUpdate {
     /// The share of the file's pages in the page cache (`mincore` of a mapping), for tests.
     #[cfg(all(test, target_os = "linux"))]
     fn cached_share(&self) -> io::Result<f64> {
-        // SAFETY: as in `layers`: the file is this update's own and nothing writes it now.
-        #[allow(unsafe_code)]
-        let map = unsafe { memmap2::Mmap::map(&self.file)? };
-        let pages = map.len().div_ceil(page_size());
-        let mut vec = vec![0u8; pages];
-        // SAFETY: `vec` has one byte per page of the mapping, which lives for the call.
-        #[allow(unsafe_code)]
-        let code = unsafe { libc::mincore(map.as_ptr() as *mut _, map.len(), vec.as_mut_ptr()) };
-        if code != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(vec.iter().filter(|&&b| b & 1 == 1).count() as f64 / pages.max(1) as f64)
+        let (_, pages) = resident_pages(&self.file, usize::MAX)?;
+        Ok(pages.iter().filter(|&&b| b & 1 == 1).count() as f64 / pages.len().max(1) as f64)
     }
 
     /// The whole update in memory.
@@ -380,39 +370,19 @@ impl StagedWriter {
 fn read_ahead(file: &File, len: u64) -> u64 {
     #[cfg(any(target_os = "linux", target_os = "android"))]
     {
-        // SAFETY: a read-only shared mapping of the staged file, which nobody writes once it is
-        // staged (`StagedUpdate::layers`); it is never read through, only passed to `mincore`.
-        #[allow(unsafe_code)]
-        let Ok(map) = (unsafe { memmap2::Mmap::map(file) }) else {
-            return 0;
-        };
-        let total = usize::try_from(len).map_or(0, |l| l.min(map.len()));
         let page = page_size();
         // Which pages are cached, taken once before reading: a read's own read-ahead brings in
         // pieces after it, which are read all the same, so that a dropped stretch is read in
         // order and the read-ahead keeps growing its folios (skipping them, the next read
         // starts a new, small read-ahead).
-        let mut resident = vec![0u8; total.div_ceil(page)];
-        if total > 0 {
-            // SAFETY: the mapping is at least `total` bytes long and outlives the call;
-            // `resident` has a byte per page of them.
-            #[allow(unsafe_code)]
-            let code = unsafe {
-                libc::mincore(
-                    map.as_ptr() as *mut libc::c_void,
-                    total,
-                    resident.as_mut_ptr(),
-                )
+        let (total, resident) =
+            match resident_pages(file, usize::try_from(len).unwrap_or(usize::MAX)) {
+                Ok(pages) => pages,
+                Err(error) => {
+                    tracing::debug!(%error, "no read-ahead of a staged update");
+                    return 0;
+                }
             };
-            if code != 0 {
-                tracing::debug!(
-                    error = %io::Error::last_os_error(),
-                    "no read-ahead of a staged update"
-                );
-                return 0;
-            }
-        }
-        drop(map);
         let mut buffer = vec![0u8; WRITE_PIECE];
         let mut read = 0u64;
         let per_piece = WRITE_PIECE / page.min(WRITE_PIECE);
@@ -439,6 +409,35 @@ fn read_ahead(file: &File, len: u64) -> u64 {
         let _ = (file, len);
         0
     }
+}
+
+/// The bytes of `file` looked at (its first `len`, at most the file) and one byte per page of
+/// them, bit 0 set where the page is in the page cache (`mincore` of a read-only mapping,
+/// dropped before returning).
+#[cfg(any(target_os = "linux", target_os = "android"))]
+fn resident_pages(file: &File, len: usize) -> io::Result<(usize, Vec<u8>)> {
+    // SAFETY: a read-only shared mapping of a staged file, which nobody writes once it is
+    // staged (`StagedUpdate::layers`); it is never read through, only passed to `mincore`.
+    #[allow(unsafe_code)]
+    let map = unsafe { memmap2::Mmap::map(file)? };
+    let len = len.min(map.len());
+    let mut resident = vec![0u8; len.div_ceil(page_size())];
+    if len > 0 {
+        // SAFETY: the mapping is at least `len` bytes long and outlives the call; `resident`
+        // has a byte per page of them.
+        #[allow(unsafe_code)]
+        let code = unsafe {
+            libc::mincore(
+                map.as_ptr() as *mut libc::c_void,
+                len,
+                resident.as_mut_ptr(),
+            )
+        };
+        if code != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok((len, resident))
 }
 
 /// The system's page size (4 KiB where it cannot be asked).

@@ -46,8 +46,8 @@ pub const MAX_EXCHANGE_RECORD: usize = 1 << 20;
 pub const MAX_REPLAY_MARKS: usize = 1 << 16;
 /// Most peers persisted for rejoining after a restart ([`Store::put_known_peers`]).
 pub const MAX_KNOWN_PEERS: usize = 32;
-/// Longest encoded address accepted in the known-peer record (a `/dns4/…/tcp/…/p2p/…` one is
-/// under 300 bytes).
+/// Longest encoded address accepted in the known-peer record (a DNS name is at most 253 bytes;
+/// a `/dns4/<name>/tcp/<port>/p2p/<ed25519 id>` address encodes in at most 300).
 const MAX_ADDR_LEN: usize = 512;
 /// Longest encoded `PeerId` accepted in a replay record (an ed25519 one is 38 bytes).
 const MAX_PEER_ID_LEN: usize = 64;
@@ -673,6 +673,18 @@ mod tests {
         dir
     }
 
+    /// `decode` takes the record `good` and refuses every truncation of it and it with a
+    /// trailing byte.
+    fn assert_only_whole_records_decode<T>(good: &[u8], decode: impl Fn(&[u8]) -> Option<T>) {
+        assert!(decode(good).is_some());
+        for cut in 0..good.len() {
+            assert!(decode(&good[..cut]).is_none(), "cut {cut}");
+        }
+        let mut long = good.to_vec();
+        long.push(0);
+        assert!(decode(&long).is_none());
+    }
+
     #[test]
     fn replay_marks_survive_reopen_and_bad_records_are_corrupt() {
         let dir = tempdir();
@@ -696,12 +708,7 @@ mod tests {
         assert_eq!(store.replay_marks().unwrap(), marks);
         // Every truncation, a trailing byte and an absurd count are rejected, never a panic.
         let good = store.state.get(KEY_REPLAY).unwrap().unwrap().to_vec();
-        for cut in 0..good.len() {
-            assert!(decode_replay_marks(&good[..cut]).is_none(), "cut {cut}");
-        }
-        let mut long = good.clone();
-        long.push(0);
-        assert!(decode_replay_marks(&long).is_none());
+        assert_only_whole_records_decode(&good, decode_replay_marks);
         assert!(decode_replay_marks(&u32::MAX.to_le_bytes()).is_none());
         store.state.insert(KEY_REPLAY, &good[..5]).unwrap();
         assert!(matches!(store.replay_marks(), Err(StoreError::Corrupt(_))));
@@ -730,12 +737,7 @@ mod tests {
         let store = reopen(&dir);
         assert_eq!(store.known_peers().unwrap(), addrs);
         let good = store.state.get(KEY_KNOWN_PEERS).unwrap().unwrap().to_vec();
-        for cut in 0..good.len() {
-            assert!(decode_known_peers(&good[..cut]).is_none(), "cut {cut}");
-        }
-        let mut long = good.clone();
-        long.push(0);
-        assert!(decode_known_peers(&long).is_none());
+        assert_only_whole_records_decode(&good, decode_known_peers);
         assert!(decode_known_peers(&[u8::MAX]).is_none());
         // More than the cap are cut to it.
         let many: Vec<Multiaddr> = (0..MAX_KNOWN_PEERS as u16 + 5)
