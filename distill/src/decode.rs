@@ -9,7 +9,7 @@
 //! way is rejected with a [`DecodeError`] rather than mis-decoded.
 
 use kindred_kernels::{Backend, Kernels};
-use kindred_proto::{DenseValues, LayerPayload, ModelSpec, PacketBody, TopK};
+use kindred_proto::{DenseValues, LayerPayload, ModelSpec, PacketBody, TopK4};
 
 use crate::error::DecodeError;
 use crate::layout::Layout;
@@ -68,7 +68,7 @@ pub fn decode_update(body: &PacketBody, spec: &ModelSpec) -> Result<Update, Deco
         .layers
         .iter()
         .map(|p| match p {
-            LayerPayload::TopK(t) => t.indices.len() as u64,
+            LayerPayload::TopK(_) | LayerPayload::TopK4(_) => p.carried(),
             other => other.numel(),
         })
         .sum();
@@ -79,8 +79,8 @@ pub fn decode_update(body: &PacketBody, spec: &ModelSpec) -> Result<Update, Deco
     let mut out = UpdateBuilder::with_capacity(layout.len(), entries as usize);
     for (layer, (payload, range)) in body.layers.iter().zip(layout.ranges()).enumerate() {
         let offset = range.start;
-        if let LayerPayload::TopK(t) = payload {
-            for_each_topk(layer, t, range.len(), |i, v| out.push(offset + i, v))?;
+        if let LayerPayload::TopK(_) | LayerPayload::TopK4(_) = payload {
+            for_each_topk(layer, payload, range.len(), |i, v| out.push(offset + i, v))?;
         } else {
             let mut dst = vec![0f32; range.len()];
             decode_layer(&backend, layer, payload, &mut dst)?;
@@ -213,24 +213,65 @@ fn check_scale(layer: usize, scale: f32) -> Result<(), DecodeError> {
     }
 }
 
-/// Every entry of top-k payload `t` of layer `layer` (of `len` elements) in order, dequantised,
-/// once the payload is checked: as many values as indices, indices strictly increasing and
-/// below `len`, a finite scale and finite values.
+/// Every entry of a top-k payload (int8 or 4-bit) of layer `layer` (of `len` elements) in
+/// order, dequantised, once the payload is checked: as many values as indices, indices strictly
+/// increasing and below `len`, a finite scale (and a 4-bit ratio in (0, 1]) and finite values.
 fn for_each_topk(
     layer: usize,
-    t: &TopK,
+    payload: &LayerPayload,
     len: usize,
+    entry: impl FnMut(usize, f32),
+) -> Result<(), DecodeError> {
+    let count_error = DecodeError::TopK {
+        layer,
+        reason: "value count differs from index count",
+    };
+    match payload {
+        LayerPayload::TopK(t) => {
+            check_scale(layer, t.scale)?;
+            if t.values.len() != t.indices.len() {
+                return Err(count_error);
+            }
+            let value = |j: usize| t.values.get(j).map(|&q| f32::from(q) * t.scale);
+            for_each_entry(layer, &t.indices, len, value, entry)
+        }
+        LayerPayload::TopK4(t) => {
+            // Every level is at most the scale: a finite one is enough.
+            if !(t.scale.is_finite() && t.scale >= 0.0) {
+                return Err(DecodeError::Scale {
+                    layer,
+                    scale: t.scale,
+                });
+            }
+            if !(t.ratio > 0.0 && t.ratio <= 1.0) {
+                return Err(DecodeError::TopK {
+                    layer,
+                    reason: "4-bit level ratio outside (0, 1]",
+                });
+            }
+            if t.codes.len() != t.indices.len().div_ceil(2) {
+                return Err(count_error);
+            }
+            let levels = TopK4::levels(t.scale, t.ratio);
+            let value = |j: usize| t.code(j).map(|c| TopK4::decode_code(c, &levels));
+            for_each_entry(layer, &t.indices, len, value, entry)
+        }
+        // Callers pass top-k payloads only.
+        LayerPayload::Dense(_) | LayerPayload::Sign(_) => Ok(()),
+    }
+}
+
+/// `entry(index, value(j))` for the `j`-th of `indices`, checked strictly increasing, below
+/// `len`, with a finite value.
+fn for_each_entry(
+    layer: usize,
+    indices: &[u32],
+    len: usize,
+    value: impl Fn(usize) -> Option<f32>,
     mut entry: impl FnMut(usize, f32),
 ) -> Result<(), DecodeError> {
-    check_scale(layer, t.scale)?;
-    if t.values.len() != t.indices.len() {
-        return Err(DecodeError::TopK {
-            layer,
-            reason: "value count differs from index count",
-        });
-    }
     let mut prev: Option<u32> = None;
-    for (&i, &q) in t.indices.iter().zip(&t.values) {
+    for (j, &i) in indices.iter().enumerate() {
         if prev.is_some_and(|p| i <= p) {
             return Err(DecodeError::TopK {
                 layer,
@@ -238,7 +279,7 @@ fn for_each_topk(
             });
         }
         prev = Some(i);
-        let v = f32::from(q) * t.scale;
+        let v = value(j).unwrap_or(f32::NAN);
         if !v.is_finite() {
             return Err(DecodeError::NonFinite {
                 layer,
@@ -282,8 +323,8 @@ fn decode_layer(
                 return Err(DecodeError::NonFinite { layer, index });
             }
         }
-        LayerPayload::TopK(t) => {
-            for_each_topk(layer, t, dst.len(), |i, v| {
+        LayerPayload::TopK(_) | LayerPayload::TopK4(_) => {
+            for_each_topk(layer, payload, dst.len(), |i, v| {
                 if let Some(d) = dst.get_mut(i) {
                     *d = v;
                 }

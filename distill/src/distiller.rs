@@ -34,13 +34,13 @@ use kindred_kernels::{
 };
 use kindred_proto::{
     DenseValues, Embedding, LayerPayload, ModelSpec, PacketBody, PayloadKind, SignBits, TopK,
-    encoded_layer_len,
+    TopK4, encoded_layer_len,
 };
 
 use crate::embed::{Embedded, Embedder, EmbeddingConfig};
 use crate::error::{ConfigError, DistillError, EmbedError};
 use crate::layout::Layout;
-use crate::policy::{LayerPlan, Policy, k_for};
+use crate::policy::{LayerPlan, Policy, TopKValues, k_for};
 use crate::source::LayerSource;
 
 /// Largest finite f16: dense f16 payloads clamp to it and error feedback keeps the excess.
@@ -561,7 +561,8 @@ impl Distiller {
                 let (backend, residual) = (&self.backend, &mut self.residual);
                 let stored = residual.get_mut(range).unwrap_or_default();
                 let len = stored.len();
-                let payload = quantize_topk(backend, layer, len, sel, |i, v| {
+                let values = self.policy.topk_values;
+                let payload = quantize_topk(backend, layer, len, sel, values, |i, v| {
                     if let Some(slot) = stored.get_mut(i) {
                         *slot = bf16::from_f32(v);
                     }
@@ -614,11 +615,18 @@ impl Distiller {
                 }
                 .map_err(|source| DistillError::TopK { layer, source })?;
                 // Put back what quantisation lost (the selection may have zeroed the entry).
-                quantize_topk(backend, layer, r.len(), sel, |i, v| {
-                    if let Some(slot) = r.get_mut(i) {
-                        *slot = v;
-                    }
-                })?
+                quantize_topk(
+                    backend,
+                    layer,
+                    r.len(),
+                    sel,
+                    self.policy.topk_values,
+                    |i, v| {
+                        if let Some(slot) = r.get_mut(i) {
+                            *slot = v;
+                        }
+                    },
+                )?
             }
             LayerPlan::Sign => {
                 let mut words = vec![0u64; r.len().div_ceil(64)];
@@ -653,15 +661,20 @@ fn zeroed_residual(len: usize) -> Vec<bf16> {
     bytemuck::zeroed_vec(len)
 }
 
-/// The top-k payload of a selection; `put_back(i, v)` receives what each selected entry leaves
-/// in the residual (what int8 quantisation lost; all of it for an entry that quantises to 0).
+/// The top-k payload of a selection, its values quantised as `values` says; `put_back(i, v)`
+/// receives what each selected entry leaves in the residual (what quantisation lost; all of it
+/// for an entry that quantises to 0).
 fn quantize_topk(
     backend: &Backend,
     layer: usize,
     len: usize,
     sel: kindred_kernels::Selection,
+    values: TopKValues,
     mut put_back: impl FnMut(usize, f32),
 ) -> Result<LayerPayload, DistillError> {
+    if values == TopKValues::Log4 {
+        return Ok(LayerPayload::TopK4(quantize_log4(len, &sel, put_back)));
+    }
     let mut q = vec![0i8; sel.values.len()];
     let scale = backend
         .quantize_i8(&sel.values, Rounding::Nearest, &mut q)
@@ -686,6 +699,73 @@ fn quantize_topk(
     Ok(payload)
 }
 
+/// The 4-bit payload of a selection ([`TopK4`]): eight log-spaced magnitudes from the smallest
+/// non-zero selected magnitude to the largest, each value rounded to the nearest of them (by
+/// comparison with the midpoints, no logarithm per entry). A zero entry carries nothing.
+fn quantize_log4(
+    len: usize,
+    sel: &kindred_kernels::Selection,
+    mut put_back: impl FnMut(usize, f32),
+) -> TopK4 {
+    let (mut smallest, mut largest) = (f32::INFINITY, 0f32);
+    for &v in &sel.values {
+        let m = v.abs();
+        if m > 0.0 {
+            smallest = smallest.min(m);
+            largest = largest.max(m);
+        }
+    }
+    // Layers are < 2^32 elements (validated spec), so lengths fit u32.
+    let len = len as u32;
+    if !(largest > 0.0 && largest.is_finite()) {
+        for (&i, &v) in sel.indices.iter().zip(&sel.values) {
+            put_back(i as usize, v);
+        }
+        let (indices, codes) = (Vec::new(), Vec::new());
+        return TopK4 {
+            len,
+            indices,
+            codes,
+            scale: 0.0,
+            ratio: 1.0,
+        };
+    }
+    let ratio = (smallest / largest)
+        .powf(1.0 / 7.0)
+        .clamp(f32::MIN_POSITIVE, 1.0);
+    let levels = TopK4::levels(largest, ratio);
+    let mut midpoints = [0f32; 7];
+    for (j, m) in midpoints.iter_mut().enumerate() {
+        *m = 0.5
+            * (levels.get(j).copied().unwrap_or(0.0) + levels.get(j + 1).copied().unwrap_or(0.0));
+    }
+    let mut indices = Vec::with_capacity(sel.indices.len());
+    let mut codes = Vec::with_capacity(sel.indices.len().div_ceil(2));
+    for (&i, &v) in sel.indices.iter().zip(&sel.values) {
+        if v == 0.0 {
+            put_back(i as usize, v);
+            continue;
+        }
+        // Levels above the magnitude's nearest all have midpoints at or above it.
+        let level = midpoints.partition_point(|&m| m < v.abs()) as u8;
+        let code = level | if v < 0.0 { TopK4::SIGN } else { 0 };
+        put_back(i as usize, v - TopK4::decode_code(code, &levels));
+        if indices.len().is_multiple_of(2) {
+            codes.push(code);
+        } else if let Some(last) = codes.last_mut() {
+            *last |= code << 4;
+        }
+        indices.push(i);
+    }
+    TopK4 {
+        len,
+        indices,
+        codes,
+        scale: largest,
+        ratio,
+    }
+}
+
 /// Bytes of a LEB128 varint.
 fn varint_len(mut v: usize) -> usize {
     let mut n = 1;
@@ -694,4 +774,54 @@ fn varint_len(mut v: usize) -> usize {
         n += 1;
     }
     n
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kindred_kernels::{SelectMethod, Selection};
+
+    fn selection(values: &[f32]) -> Selection {
+        Selection {
+            indices: (0..values.len() as u32).map(|i| i * 2).collect(),
+            values: values.to_vec(),
+            threshold: 0.0,
+            method: SelectMethod::Exact,
+        }
+    }
+
+    #[test]
+    fn four_bit_values_round_to_the_nearest_level_and_keep_the_rest() {
+        let values = [0.01, -0.3, 0.0, 1.0, -0.02, 0.5, 0.07];
+        let mut kept = [f32::NAN; 14];
+        let t = quantize_log4(14, &selection(&values), |i, r| kept[i] = r);
+        // The zero carries nothing; the levels span the smallest magnitude to the largest.
+        assert_eq!(t.indices, [0, 2, 6, 8, 10, 12]);
+        assert_eq!(t.scale, 1.0);
+        assert!((t.ratio.powi(7) - 0.01).abs() < 1e-6);
+        assert_eq!(t.codes.len(), 3);
+        let levels = TopK4::levels(t.scale, t.ratio);
+        for (j, &i) in t.indices.iter().enumerate() {
+            let v = values[i as usize / 2];
+            let sent = t.value(j).unwrap();
+            assert_eq!(sent.signum(), v.signum());
+            // Nearest of the eight magnitudes, and what it missed left behind.
+            let best = levels
+                .iter()
+                .map(|l| (l - v.abs()).abs())
+                .fold(f32::INFINITY, f32::min);
+            assert!(
+                ((sent.abs() - v.abs()).abs() - best).abs() < 1e-7,
+                "{v}: {sent}"
+            );
+            assert_eq!(kept[i as usize], v - sent);
+        }
+        assert_eq!(kept[4], 0.0, "the zero stays whole in the residual");
+        // Odd counts leave the last high nibble zero; a layer of zeros sends nothing.
+        let odd = quantize_log4(6, &selection(&[0.5, -0.25, 0.125]), |_, _| ());
+        assert_eq!(odd.codes.len(), 2);
+        assert_eq!(odd.codes[1] >> 4, 0);
+        let zeros = quantize_log4(6, &selection(&[0.0, 0.0]), |_, _| ());
+        assert!(zeros.indices.is_empty() && zeros.codes.is_empty());
+    }
 }

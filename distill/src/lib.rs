@@ -76,7 +76,7 @@ pub use distiller::{Distilled, Distiller, LayerReport, Report};
 pub use embed::{Embedded, Embedder, EmbeddingConfig};
 pub use error::{ConfigError, DecodeError, DistillError, EmbedError, RestoreError, SynthError};
 pub use layout::Layout;
-pub use policy::{LayerPlan, Policy};
+pub use policy::{LayerPlan, Policy, TopKValues};
 pub use source::{Filled, LayerSource};
 pub use state::{DistillerState, EncodedState, STATE_VERSION, f32_le_bytes};
 pub use synth::{

@@ -9,7 +9,7 @@
 //!    count over the large layers) picks among the rest: `v ≥ τ_high` → dense f16 (a layer carrying
 //!    far more signal per element than the others), `v ≤ τ_low` → 1-bit sign once past warm-up
 //!    (a layer that barely moves, where one scale and the signs describe it well enough), otherwise
-//!    top-k + int8.
+//!    top-k, its values in int8 or 4 bits ([`TopKValues`]).
 //! 3. **Warm-up**: during the first rounds top-k density follows [`Policy::warmup`] (e.g. 25% →
 //!    … → 1.5%) before settling at [`Policy::density`]; early updates are large and
 //!    unstructured, and error feedback needs a few rounds to build up. Sign is never used during
@@ -28,7 +28,7 @@ use crate::error::ConfigError;
 pub enum LayerPlan {
     /// Every value, as f16.
     DenseF16,
-    /// The `k` largest magnitudes, int8-quantised.
+    /// The `k` largest magnitudes, quantised as [`Policy::topk_values`] says.
     TopK {
         /// Entries to keep (≥ 1, ≤ the layer's size).
         k: usize,
@@ -44,6 +44,30 @@ impl LayerPlan {
             Self::DenseF16 => PayloadKind::Dense,
             Self::TopK { .. } => PayloadKind::TopK,
             Self::Sign => PayloadKind::Sign,
+        }
+    }
+}
+
+/// How the values of a top-k layer are quantised.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TopKValues {
+    /// One byte each with one scale per layer (`kindred_proto::TopK`).
+    #[default]
+    Int8,
+    /// Four bits each: a sign and one of eight log-spaced magnitudes from the layer's smallest
+    /// selected magnitude to its largest (`kindred_proto::TopK4`). An entry then costs 1.5 bytes
+    /// instead of 2 (its index delta and its value), and error feedback sends the coarser
+    /// rounding in later rounds: on the hub exchange's iid run 4 bits at 6.7% beat int8 at 5%
+    /// for the same bytes (BENCHMARKS.md).
+    Log4,
+}
+
+impl TopKValues {
+    /// Bytes of one value on the wire.
+    pub fn bytes(self) -> f64 {
+        match self {
+            Self::Int8 => 1.0,
+            Self::Log4 => 0.5,
         }
     }
 }
@@ -67,6 +91,8 @@ pub struct Policy {
     /// to it at 1% and 0.4 at 2% (`kindred-sim learn --setting iid --nodes 64 --policies
     /// allreduce,selective+allreduce`, seeds 4-6, 2,000 held-out digits), for 21% more bytes.
     pub density: f32,
+    /// How top-k values are quantised. Default [`TopKValues::Int8`].
+    pub topk_values: TopKValues,
     /// Target body size in bytes: when set, top-k densities are chosen to meet it instead of
     /// following [`Policy::warmup`] / [`Policy::density`]. Default `None`.
     pub byte_budget: Option<usize>,
@@ -88,6 +114,7 @@ impl Default for Policy {
             tau_high: 50.0,
             warmup: vec![0.25, 0.125, 0.0625, 0.03],
             density: 0.02,
+            topk_values: TopKValues::Int8,
             byte_budget: None,
             error_feedback: true,
             sampled_topk: true,
@@ -101,30 +128,32 @@ const LAYER_OVERHEAD: usize = 16;
 
 impl Policy {
     /// The policy of the hub exchange's packets and merges: top-k at [`Policy::HUB_DENSITY`]
-    /// from the first round (no dense warm-up: the exchange starts after the node's local
-    /// rounds), otherwise the defaults.
+    /// with 4-bit values ([`TopKValues::Log4`]) from the first round (no dense warm-up: the
+    /// exchange starts after the node's local rounds), otherwise the defaults.
     ///
     /// ```
-    /// use kindred_distill::Policy;
+    /// use kindred_distill::{Policy, TopKValues};
     /// let hub = Policy::hub();
     /// assert!(hub.warmup.is_empty() && hub.density == Policy::HUB_DENSITY);
+    /// assert_eq!(hub.topk_values, TopKValues::Log4);
     /// assert!(hub.validate().is_ok());
     /// ```
     pub fn hub() -> Self {
         Self {
             density: Self::HUB_DENSITY,
+            topk_values: TopKValues::Log4,
             warmup: Vec::new(),
             ..Self::default()
         }
     }
 
-    /// Top-k density of the hub exchange's packets ([`Policy::hub`]): two and a half times
+    /// Top-k density of the hub exchange's packets ([`Policy::hub`]): 6.7%, a third more than
     /// the default. A member moves two compressed updates a round whatever its cohort's size,
-    /// against one per partner in the pairwise exchange, so it can afford denser ones; on iid,
-    /// 2% cost the hub exchange 0.44 point against 4%, and with local rounds 4% gave 91.03% and
-    /// 5% 91.08% over seeds 1-8 for 1.7 KB more per node per round (`kindred-sim learn`,
-    /// BENCHMARKS.md).
-    pub const HUB_DENSITY: f32 = 0.05;
+    /// against one per partner in the pairwise exchange, so it can afford denser ones. On iid
+    /// (`kindred-sim learn --nodes 64 --setting iid`, seeds 1-3) the gap to the full-precision
+    /// all-reduce was −0.53 point at 5% in int8 and −0.40 at 6.7% in 4 bits, for the same
+    /// bytes (about 19 KB per node per round; BENCHMARKS.md).
+    pub const HUB_DENSITY: f32 = 0.067;
 
     /// Check that every field is in range.
     ///
@@ -209,7 +238,7 @@ impl Policy {
             })
             .collect();
         if let Some(budget) = self.byte_budget {
-            apply_budget(&mut plans, stats, budget);
+            apply_budget(&mut plans, stats, budget, self.topk_values);
         }
         plans
     }
@@ -230,26 +259,26 @@ fn varint_bytes(gap: f64) -> f64 {
         .sum::<f64>()
 }
 
-/// Estimated encoded bytes of a layer under a plan.
-pub(crate) fn estimate_bytes(plan: LayerPlan, len: usize) -> usize {
+/// Estimated encoded bytes of a layer under a plan, top-k values at `values`.
+pub(crate) fn estimate_bytes(plan: LayerPlan, len: usize, values: TopKValues) -> usize {
     LAYER_OVERHEAD
         + match plan {
             LayerPlan::DenseF16 => 2 * len,
             LayerPlan::Sign => len.div_ceil(64) * 8,
             LayerPlan::TopK { k } => {
                 let gap = len as f64 / k.max(1) as f64;
-                (k as f64 * (1.0 + varint_bytes(gap))).ceil() as usize
+                (k as f64 * (values.bytes() + varint_bytes(gap))).ceil() as usize
             }
         }
 }
 
 /// Re-split top-k entries so the whole body meets `budget` bytes.
-fn apply_budget(plans: &mut [LayerPlan], stats: &[Stats], budget: usize) {
+fn apply_budget(plans: &mut [LayerPlan], stats: &[Stats], budget: usize, values: TopKValues) {
     let fixed: usize = plans
         .iter()
         .zip(stats)
         .filter(|(p, _)| !matches!(p, LayerPlan::TopK { .. }))
-        .map(|(p, s)| estimate_bytes(*p, s.len))
+        .map(|(p, s)| estimate_bytes(*p, s.len, values))
         .sum();
     let topk: Vec<usize> = plans
         .iter()
@@ -272,7 +301,7 @@ fn apply_budget(plans: &mut [LayerPlan], stats: &[Stats], budget: usize) {
         .collect();
     let total: f64 = energy.iter().sum();
     // Cost per entry depends on the density it buys; three fixed-point rounds settle it.
-    let mut cost: Vec<f64> = vec![2.0; topk.len()];
+    let mut cost: Vec<f64> = vec![values.bytes() + 1.0; topk.len()];
     let mut ks: Vec<usize> = vec![1; topk.len()];
     for _ in 0..3 {
         for (j, &i) in topk.iter().enumerate() {
@@ -282,13 +311,13 @@ fn apply_budget(plans: &mut [LayerPlan], stats: &[Stats], budget: usize) {
             } else {
                 1.0 / topk.len() as f64
             };
-            let c = cost.get(j).copied().unwrap_or(2.0);
+            let c = cost.get(j).copied().unwrap_or(values.bytes() + 1.0);
             let k = ((available * share / c).floor() as usize).clamp(1, (len / 2).max(1));
             if let Some(slot) = ks.get_mut(j) {
                 *slot = k;
             }
             if let Some(slot) = cost.get_mut(j) {
-                *slot = 1.0 + varint_bytes(len as f64 / k as f64);
+                *slot = values.bytes() + varint_bytes(len as f64 / k as f64);
             }
         }
     }
@@ -299,7 +328,7 @@ fn apply_budget(plans: &mut [LayerPlan], stats: &[Stats], budget: usize) {
         let total = fixed
             + ks.iter()
                 .enumerate()
-                .map(|(j, &k)| estimate_bytes(LayerPlan::TopK { k }, len_of(j)))
+                .map(|(j, &k)| estimate_bytes(LayerPlan::TopK { k }, len_of(j), values))
                 .sum::<usize>();
         let largest = ks.iter_mut().filter(|k| **k > 1).max_by_key(|k| **k);
         match largest {
@@ -397,7 +426,7 @@ mod tests {
         let bytes: usize = plans
             .iter()
             .zip(&s)
-            .map(|(pl, st)| estimate_bytes(*pl, st.len))
+            .map(|(pl, st)| estimate_bytes(*pl, st.len, p.topk_values))
             .sum();
         assert!(bytes <= 20_000 && bytes > 16_000, "{bytes}");
         match (plans[0], plans[1]) {
@@ -415,22 +444,31 @@ mod tests {
         fn a_byte_budget_is_never_exceeded(
             budget in 1_000usize..300_000,
             variances in proptest::collection::vec(0.001f32..100.0, 5),
+            log4: bool,
         ) {
+            let values = if log4 { TopKValues::Log4 } else { TopKValues::Int8 };
             let p = Policy {
                 byte_budget: Some(budget),
+                topk_values: values,
                 tau_low: -1.0,
                 ..Policy::default()
             };
             let lens = [100_000, 100_000, 10_000, 1000, 100];
             let s: Vec<Stats> = lens.iter().zip(&variances).map(|(&n, &v)| stats(n, v)).collect();
             let plans = p.plan(&layers(), &s, 10);
-            let bytes: usize = plans.iter().zip(&s).map(|(pl, st)| estimate_bytes(*pl, st.len)).sum();
+            let bytes: usize = plans
+                .iter()
+                .zip(&s)
+                .map(|(pl, st)| estimate_bytes(*pl, st.len, values))
+                .sum();
             let least: usize = plans
                 .iter()
                 .zip(&s)
                 .map(|(pl, st)| match pl {
-                    LayerPlan::TopK { .. } => estimate_bytes(LayerPlan::TopK { k: 1 }, st.len),
-                    other => estimate_bytes(*other, st.len),
+                    LayerPlan::TopK { .. } => {
+                        estimate_bytes(LayerPlan::TopK { k: 1 }, st.len, values)
+                    }
+                    other => estimate_bytes(*other, st.len, values),
                 })
                 .sum();
             proptest::prop_assert!(bytes <= budget.max(least), "{bytes} > {budget}");

@@ -6,7 +6,7 @@
 use half::f16;
 use kindred_distill::{DecodeError, decode, decode_iter, decode_update};
 use kindred_proto::{
-    DType, DenseValues, LayerPayload, LayerSpec, ModelSpec, PacketBody, SignBits, TopK,
+    DType, DenseValues, LayerPayload, LayerSpec, ModelSpec, PacketBody, SignBits, TopK, TopK4,
 };
 
 fn spec() -> ModelSpec {
@@ -40,6 +40,53 @@ fn decodes_every_encoding() {
     assert_eq!(&out[..4], &[1.0, -2.0, 0.5, 0.0]);
     assert_eq!(&out[4..7], &[-0.5, 0.5, -0.5]);
     assert!(out[7..].iter().all(|&v| v == 0.5));
+}
+
+#[test]
+fn decodes_4_bit_top_k() {
+    // Codes: +level 7, −level 6, +level 0 (the high nibble of the last byte unused).
+    let t = TopK4 {
+        len: 70,
+        indices: vec![2, 40, 69],
+        codes: vec![0x07 | (0x0E << 4), 0x00],
+        scale: 2.0,
+        ratio: 0.5,
+    };
+    let body = PacketBody {
+        layers: vec![dense(vec![0.0; 4]), LayerPayload::TopK4(t.clone())],
+    };
+    let out = both(&body, &spec()).unwrap();
+    assert_eq!(
+        (out[4 + 2], out[4 + 40], out[4 + 69]),
+        (2.0, -1.0, 2.0 / 128.0)
+    );
+    assert_eq!(out.iter().filter(|v| **v != 0.0).count(), 3);
+    let bad = |t: TopK4| PacketBody {
+        layers: vec![dense(vec![0.0; 4]), LayerPayload::TopK4(t)],
+    };
+    for ratio in [0.0, 1.5, f32::NAN] {
+        let r = both(&bad(TopK4 { ratio, ..t.clone() }), &spec());
+        assert!(
+            matches!(r, Err(DecodeError::TopK { layer: 1, .. })),
+            "{ratio}: {r:?}"
+        );
+    }
+    let short = TopK4 {
+        codes: vec![0x07],
+        ..t.clone()
+    };
+    assert!(matches!(
+        both(&bad(short), &spec()),
+        Err(DecodeError::TopK { layer: 1, .. })
+    ));
+    let scale = TopK4 {
+        scale: f32::INFINITY,
+        ..t
+    };
+    assert!(matches!(
+        both(&bad(scale), &spec()),
+        Err(DecodeError::Scale { layer: 1, .. })
+    ));
 }
 
 /// `decode`, after checking that `decode_update` gives the same values or the same error.

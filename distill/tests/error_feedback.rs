@@ -5,8 +5,8 @@
 
 mod common;
 
-use kindred_distill::{Distiller, EmbeddingConfig, Policy, decode};
-use kindred_proto::{HeaderFields, PayloadKind, decode_body, decode_header, seal};
+use kindred_distill::{Distiller, EmbeddingConfig, Policy, TopKValues, decode};
+use kindred_proto::{HeaderFields, LayerPayload, PayloadKind, decode_body, decode_header, seal};
 use libp2p_identity::ed25519;
 
 fn check_rounds(policy: Policy, rounds: u64, expect_kinds: &[PayloadKind]) {
@@ -98,6 +98,39 @@ fn invariant_holds_with_exact_topk_and_byte_budget() {
 }
 
 #[test]
+fn invariant_holds_with_4_bit_values_on_both_top_k_paths() {
+    let log4 = Policy {
+        topk_values: TopKValues::Log4,
+        ..Policy::default()
+    };
+    check_rounds(log4.clone(), 6, &[PayloadKind::Dense, PayloadKind::TopK]);
+    let exact = Policy {
+        sampled_topk: false,
+        byte_budget: Some(3000),
+        ..log4.clone()
+    };
+    check_rounds(exact, 3, &[PayloadKind::TopK]);
+    // The top-k layers are 4-bit ones.
+    let spec = common::spec();
+    let mut d = Distiller::new(spec.clone(), log4, EmbeddingConfig::default()).unwrap();
+    let out = d
+        .distill(&common::update(spec.numel() as usize, 9))
+        .unwrap();
+    assert!(
+        out.body
+            .layers
+            .iter()
+            .any(|l| matches!(l, LayerPayload::TopK4(_)))
+    );
+    assert!(
+        !out.body
+            .layers
+            .iter()
+            .any(|l| matches!(l, LayerPayload::TopK(_)))
+    );
+}
+
+#[test]
 fn without_error_feedback_the_residual_is_dropped() {
     let policy = Policy {
         error_feedback: false,
@@ -108,11 +141,12 @@ fn without_error_feedback_the_residual_is_dropped() {
 
 /// Relative distance between what was sent over `rounds` rounds of one constant update and
 /// `rounds × update`.
-fn cumulative_error(error_feedback: bool, rounds: u32) -> f64 {
+fn cumulative_error(error_feedback: bool, rounds: u32, topk_values: TopKValues) -> f64 {
     let spec = common::spec();
     let n = spec.numel() as usize;
     let policy = Policy {
         error_feedback,
+        topk_values,
         ..Policy::default()
     };
     let mut d = Distiller::new(spec.clone(), policy, EmbeddingConfig::default()).unwrap();
@@ -142,20 +176,32 @@ fn cumulative_error(error_feedback: bool, rounds: u32) -> f64 {
 fn residual_mass_is_eventually_sent() {
     // Error feedback sends what top-k skipped in later rounds, so the cumulative error shrinks
     // with time; without it, the small coordinates are never sent at all.
-    let ef_20 = cumulative_error(true, 20);
-    let ef_60 = cumulative_error(true, 60);
-    let no_ef_60 = cumulative_error(false, 60);
-    assert!(ef_60 < ef_20 * 0.75, "EF error {ef_20} -> {ef_60}");
-    assert!(ef_60 < no_ef_60 * 0.5, "EF {ef_60} vs no EF {no_ef_60}");
+    // So does 4 bits' coarser rounding.
+    for values in [TopKValues::Int8, TopKValues::Log4] {
+        let ef_20 = cumulative_error(true, 20, values);
+        let ef_60 = cumulative_error(true, 60, values);
+        let no_ef_60 = cumulative_error(false, 60, values);
+        assert!(
+            ef_60 < ef_20 * 0.75,
+            "{values:?}: EF error {ef_20} -> {ef_60}"
+        );
+        assert!(
+            ef_60 < no_ef_60 * 0.5,
+            "{values:?}: EF {ef_60} vs no EF {no_ef_60}"
+        );
+    }
 }
 
 #[test]
 fn byte_budget_meets_its_target() {
     let spec = common::spec();
     let n = spec.numel() as usize;
-    for budget in [2_000usize, 8_000, 30_000] {
+    let budgets = [2_000usize, 8_000, 30_000];
+    let values = [TopKValues::Int8, TopKValues::Log4];
+    for (budget, topk_values) in budgets.into_iter().flat_map(|b| values.map(|v| (b, v))) {
         let policy = Policy {
             byte_budget: Some(budget),
+            topk_values,
             ..Policy::default()
         };
         let mut d = Distiller::new(spec.clone(), policy, EmbeddingConfig::default()).unwrap();
@@ -165,7 +211,7 @@ fn byte_budget_meets_its_target() {
         if budget > 4000 {
             assert!(
                 bytes <= budget && bytes as f64 >= budget as f64 * 0.85,
-                "budget {budget}: {bytes}"
+                "budget {budget} {topk_values:?}: {bytes}"
             );
         } else {
             assert!(bytes <= budget + 600, "budget {budget}: {bytes}");

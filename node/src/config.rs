@@ -285,10 +285,10 @@ pub struct NodeConfig {
     /// The exchange: `hub` (default) or `pairwise`.
     pub exchange: ExchangeKind,
     /// Top-k density of the hub exchange's packets and merges, in (0, 1]. Default
-    /// [`kindred_distill::Policy::HUB_DENSITY`] (5%), measured on the MNIST MLP, whose large
+    /// [`kindred_distill::Policy::HUB_DENSITY`] (6.7%), measured on the MNIST MLP, whose large
     /// layers hold 50,000 elements. Layers of millions of elements carry the same signal in a
     /// smaller share (deep gradient compression keeps 0.1%): a node of a 10^8-10^9-parameter
-    /// model sends 5x fewer bytes and distils faster at 1%; what that costs in accuracy
+    /// model sends about 6x fewer bytes and distils faster at 1%; what that costs in accuracy
     /// depends on the model and is the user's to measure. Not used by the pairwise exchange.
     pub density: f32,
     /// Log format.

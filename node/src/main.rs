@@ -100,7 +100,7 @@ struct Overrides {
     /// `pairwise` (every node fetches its partners' bodies and merges them itself).
     #[arg(long, env = "KINDRED_EXCHANGE")]
     exchange: Option<ExchangeKind>,
-    /// Top-k density of the hub exchange's packets and merges (default 0.05; 0.01 or less for
+    /// Top-k density of the hub exchange's packets and merges (default 0.067; 0.01 or less for
     /// models of 10^8 parameters and more).
     #[arg(long, env = "KINDRED_DENSITY")]
     density: Option<f32>,

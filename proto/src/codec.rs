@@ -35,7 +35,9 @@ use crate::limits::{
     FORMAT_VERSION, MAX_ABS_LOSS, MAX_HEADER_BYTES, MAX_LAYER_ELEMS, MAX_LAYERS, MAX_PEER_ID_BYTES,
     MAX_PIECED_BODY_BYTES, MAX_SAMPLES, MAX_SKETCH_LEN,
 };
-use crate::payload::{CompressionSummary, DenseValues, LayerPayload, PacketBody, SignBits, TopK};
+use crate::payload::{
+    CompressionSummary, DenseValues, LayerPayload, PacketBody, SignBits, TopK, TopK4,
+};
 use crate::spec::{DType, LayerSpec, ModelId, ModelSpec};
 use crate::varint;
 
@@ -114,10 +116,18 @@ enum WireLayer<'a> {
         words: &'a [u8],
         scale: f32,
     },
-    // Last, so that the variants before it keep their wire indices.
+    // Appended, so that the variants before each keep their wire indices.
     DenseInt8 {
         values: &'a [u8],
         scale: f32,
+    },
+    TopK4 {
+        len: u32,
+        count: u32,
+        index_deltas: &'a [u8],
+        codes: &'a [u8],
+        scale: f32,
+        ratio: f32,
     },
 }
 
@@ -722,21 +732,24 @@ impl BodyEncoder {
                 scale: *scale,
             },
             LayerPayload::TopK(t) => {
-                self.deltas.clear();
-                let mut prev = 0u32;
-                for (i, &idx) in t.indices.iter().enumerate() {
-                    varint::encode_u32(
-                        if i == 0 { idx } else { idx.wrapping_sub(prev) },
-                        &mut self.deltas,
-                    );
-                    prev = idx;
-                }
+                encode_deltas(&t.indices, &mut self.deltas);
                 WireLayer::TopK {
                     len: t.len,
                     count: t.indices.len() as u32,
                     index_deltas: &self.deltas,
                     values: bytemuck::cast_slice(&t.values),
                     scale: t.scale,
+                }
+            }
+            LayerPayload::TopK4(t) => {
+                encode_deltas(&t.indices, &mut self.deltas);
+                WireLayer::TopK4 {
+                    len: t.len,
+                    count: t.indices.len() as u32,
+                    index_deltas: &self.deltas,
+                    codes: &t.codes,
+                    scale: t.scale,
+                    ratio: t.ratio,
                 }
             }
             LayerPayload::Sign(s) => {
@@ -784,20 +797,43 @@ pub fn encoded_layer_len(layer: &LayerPayload) -> usize {
             DenseValues::Int8 { values, .. } => bytes(values.len()) + 4,
         },
         LayerPayload::TopK(t) => {
-            let mut prev = 0u32;
-            let mut deltas = 0;
-            for (i, &idx) in t.indices.iter().enumerate() {
-                deltas += varint::len_u32(if i == 0 { idx } else { idx.wrapping_sub(prev) });
-                prev = idx;
-            }
             varint::len_u32(t.len)
                 + varint::len_u32(t.indices.len() as u32)
-                + bytes(deltas)
+                + bytes(deltas_len(&t.indices))
                 + bytes(t.values.len())
                 + 4
         }
+        LayerPayload::TopK4(t) => {
+            varint::len_u32(t.len)
+                + varint::len_u32(t.indices.len() as u32)
+                + bytes(deltas_len(&t.indices))
+                + bytes(t.codes.len())
+                + 8
+        }
         LayerPayload::Sign(s) => varint::len_u32(s.len) + bytes(s.words.len() * 8) + 4,
     }
+}
+
+/// Top-k `indices` as the wire's delta-coded varints (the first index, then each difference),
+/// into `out` (cleared first).
+fn encode_deltas(indices: &[u32], out: &mut Vec<u8>) {
+    out.clear();
+    let mut prev = 0u32;
+    for (i, &idx) in indices.iter().enumerate() {
+        varint::encode_u32(if i == 0 { idx } else { idx.wrapping_sub(prev) }, out);
+        prev = idx;
+    }
+}
+
+/// Bytes [`encode_deltas`] writes for `indices`.
+fn deltas_len(indices: &[u32]) -> usize {
+    let mut prev = 0u32;
+    let mut len = 0;
+    for (i, &idx) in indices.iter().enumerate() {
+        len += varint::len_u32(if i == 0 { idx } else { idx.wrapping_sub(prev) });
+        prev = idx;
+    }
+    len
 }
 
 /// Little-endian bytes of a slice of plain numbers: a free reinterpretation on little-endian
@@ -936,6 +972,15 @@ fn canonical_wire_len(wire: &WireLayer<'_>) -> usize {
         }
         WireLayer::Sign { len, words, .. } => varint::len_u32(*len) + bytes(words) + 4,
         WireLayer::DenseInt8 { values, .. } => bytes(values) + 4,
+        WireLayer::TopK4 {
+            len,
+            count,
+            index_deltas,
+            codes,
+            ..
+        } => {
+            varint::len_u32(*len) + varint::len_u32(*count) + bytes(index_deltas) + bytes(codes) + 8
+        }
     }
 }
 
@@ -1018,62 +1063,56 @@ fn layer_from_wire(
             shape_check(u64::from(len))?;
             int8_check(values, scale)?;
             let k = count as usize;
-            if u64::from(count) > numel {
-                return Err(DecodeError::Oversize {
-                    what: "top-k count",
-                    len: u64::from(count),
-                    max: numel,
-                });
-            }
             if values.len() != k {
                 return Err(DecodeError::Malformed {
                     part: Part::Layer(i),
                     detail: "top-k value count differs from index count",
                 });
             }
-            // Every varint takes at least one byte: a count the delta bytes cannot hold is
-            // rejected here, before the index vector is allocated.
-            if index_deltas.len() < k {
-                return Err(DecodeError::Truncated {
-                    part: Part::Layer(i),
-                });
-            }
-            let mut indices = Vec::with_capacity(k);
-            let mut rest = index_deltas;
-            let mut prev = 0u64;
-            for position in 0..k {
-                let (delta, tail) = varint::decode_u32(rest).map_err(|e| e.at(Part::Layer(i)))?;
-                rest = tail;
-                if position > 0 && delta == 0 {
-                    return Err(DecodeError::IndexNotIncreasing { layer: i, position });
-                }
-                let index = if position == 0 {
-                    u64::from(delta)
-                } else {
-                    prev + u64::from(delta)
-                };
-                if index >= numel {
-                    return Err(DecodeError::IndexOutOfRange {
-                        layer: i,
-                        index,
-                        len: numel,
-                    });
-                }
-                // index < numel ≤ MAX_LAYER_ELEMS = u32::MAX
-                indices.push(index as u32);
-                prev = index;
-            }
-            if !rest.is_empty() {
-                return Err(DecodeError::TrailingBytes {
-                    part: Part::Layer(i),
-                    extra: rest.len(),
-                });
-            }
+            let indices = decode_indices(i, numel, count, index_deltas)?;
             Ok(LayerPayload::TopK(TopK {
                 len,
                 indices,
                 values: bytemuck::cast_slice::<u8, i8>(values).to_vec(),
                 scale,
+            }))
+        }
+        WireLayer::TopK4 {
+            len,
+            count,
+            index_deltas,
+            codes,
+            scale,
+            ratio,
+        } => {
+            shape_check(u64::from(len))?;
+            scale_check(scale)?;
+            // ratio ≤ 1 keeps every level at most `scale`, so every value finite.
+            if !(ratio > 0.0 && ratio <= 1.0) {
+                return Err(DecodeError::Malformed {
+                    part: Part::Layer(i),
+                    detail: "4-bit level ratio outside (0, 1]",
+                });
+            }
+            if codes.len() as u64 != u64::from(count).div_ceil(2) {
+                return Err(DecodeError::Malformed {
+                    part: Part::Layer(i),
+                    detail: "4-bit code bytes do not match the entry count",
+                });
+            }
+            if !count.is_multiple_of(2) && codes.last().is_some_and(|b| b >> 4 != 0) {
+                return Err(DecodeError::Malformed {
+                    part: Part::Layer(i),
+                    detail: "unused 4-bit code is not zero",
+                });
+            }
+            let indices = decode_indices(i, numel, count, index_deltas)?;
+            Ok(LayerPayload::TopK4(TopK4 {
+                len,
+                indices,
+                codes: codes.to_vec(),
+                scale,
+                ratio,
             }))
         }
         WireLayer::DenseInt8 { values, scale } => {
@@ -1102,6 +1141,62 @@ fn layer_from_wire(
             Ok(LayerPayload::Sign(SignBits { len, words, scale }))
         }
     }
+}
+
+/// The `count` top-k indices of layer `i` (of `numel` elements) from their delta-coded
+/// varints: strictly increasing, below `numel`, every byte used. The count is bounded by the
+/// layer and by the bytes (a varint takes at least one) before anything is allocated.
+fn decode_indices(
+    i: usize,
+    numel: u64,
+    count: u32,
+    index_deltas: &[u8],
+) -> Result<Vec<u32>, DecodeError> {
+    if u64::from(count) > numel {
+        return Err(DecodeError::Oversize {
+            what: "top-k count",
+            len: u64::from(count),
+            max: numel,
+        });
+    }
+    let k = count as usize;
+    if index_deltas.len() < k {
+        return Err(DecodeError::Truncated {
+            part: Part::Layer(i),
+        });
+    }
+    let mut indices = Vec::with_capacity(k);
+    let mut rest = index_deltas;
+    let mut prev = 0u64;
+    for position in 0..k {
+        let (delta, tail) = varint::decode_u32(rest).map_err(|e| e.at(Part::Layer(i)))?;
+        rest = tail;
+        if position > 0 && delta == 0 {
+            return Err(DecodeError::IndexNotIncreasing { layer: i, position });
+        }
+        let index = if position == 0 {
+            u64::from(delta)
+        } else {
+            prev + u64::from(delta)
+        };
+        if index >= numel {
+            return Err(DecodeError::IndexOutOfRange {
+                layer: i,
+                index,
+                len: numel,
+            });
+        }
+        // index < numel ≤ MAX_LAYER_ELEMS = u32::MAX
+        indices.push(index as u32);
+        prev = index;
+    }
+    if !rest.is_empty() {
+        return Err(DecodeError::TrailingBytes {
+            part: Part::Layer(i),
+            extra: rest.len(),
+        });
+    }
+    Ok(indices)
 }
 
 /// Read little-endian numbers from bytes whose length is a multiple of `N` (checked by callers).

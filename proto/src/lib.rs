@@ -66,7 +66,7 @@ pub use header::{BodyHash, Embedding, PacketHeader, PacketId, SimHash, VerifiedH
 pub use identity::{IdentityError, check_peer, check_public_key};
 pub use limits::*;
 pub use payload::{
-    CompressionSummary, DenseValues, LayerPayload, PacketBody, PayloadKind, SignBits, TopK,
+    CompressionSummary, DenseValues, LayerPayload, PacketBody, PayloadKind, SignBits, TopK, TopK4,
 };
 pub use rpc::{HeaderQuery, RequestId, RpcDecodeError, RpcRequest, RpcResponse};
 pub use spec::{DType, LayerSpec, ModelId, ModelSpec};

@@ -1,6 +1,6 @@
 //! Layer payloads: what one layer of an update becomes on the wire.
 //!
-//! The distiller picks one encoding per layer and round. All three are self-describing in element
+//! The distiller picks one encoding per layer and round. Every one is self-describing in element
 //! count so that a receiver can check them against its own [`crate::ModelSpec`] before it decodes a
 //! single value.
 
@@ -73,6 +73,81 @@ pub struct TopK {
     pub scale: f32,
 }
 
+/// The k largest-magnitude entries of a layer at 4 bits each: a sign and one of eight
+/// log-spaced magnitudes.
+///
+/// Entry `i` sits at flat position `indices[i]` (strictly increasing, below `len`, delta-coded on
+/// the wire as in [`TopK`]); its code is nibble `i % 2` of `codes[i / 2]` (the low nibble first).
+/// Bit 3 of a code is the sign (set: negative), bits 0-2 its level `l`, and its magnitude is
+/// `scale · ratio^(7 − l)` ([`TopK4::levels`]): level 7 is `scale`, level 0 `scale · ratio^7`.
+/// With error feedback a top-k value's rounding error is sent in a later round, and the eight
+/// levels spread from a layer's smallest selected magnitude to its largest cost no accuracy
+/// against int8 at 1.5 bytes an entry instead of 2 (BENCHMARKS.md).
+///
+/// `scale` is finite and non-negative and `ratio` in (0, 1], so every magnitude is finite and at
+/// most `scale`. When the count is odd the unused high nibble of the last byte is zero.
+///
+/// ```
+/// use kindred_proto::TopK4;
+/// // Entries +scale (level 7) and −scale·ratio (level 6, sign bit set).
+/// let t = TopK4 { len: 100, indices: vec![3, 50], codes: vec![0x7 | (0xE << 4)], scale: 2.0, ratio: 0.5 };
+/// assert_eq!(t.value(0), Some(2.0));
+/// assert_eq!(t.value(1), Some(-1.0));
+/// assert_eq!(t.value(2), None);
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct TopK4 {
+    /// Elements of the whole layer.
+    pub len: u32,
+    /// Flat positions of the kept entries, strictly increasing.
+    pub indices: Vec<u32>,
+    /// Packed 4-bit codes, `indices.len().div_ceil(2)` bytes.
+    pub codes: Vec<u8>,
+    /// The largest magnitude (level 7): finite and non-negative.
+    pub scale: f32,
+    /// Ratio of one level's magnitude to the next one up: in (0, 1].
+    pub ratio: f32,
+}
+
+impl TopK4 {
+    /// Bit of a code that marks a negative value.
+    pub const SIGN: u8 = 0x8;
+
+    /// The eight magnitudes of a layer with this `scale` and `ratio`, level 0 first:
+    /// `scale · ratio^(7 − l)`. Encoders and decoders compute them with this one function,
+    /// so what a sender keeps in its residual is exactly what receivers decode.
+    pub fn levels(scale: f32, ratio: f32) -> [f32; 8] {
+        let mut levels = [0f32; 8];
+        let mut m = scale;
+        for slot in levels.iter_mut().rev() {
+            *slot = m;
+            m *= ratio;
+        }
+        levels
+    }
+
+    /// The value a 4-bit code stands for among `levels`.
+    pub fn decode_code(code: u8, levels: &[f32; 8]) -> f32 {
+        let m = levels.get(usize::from(code & 0x7)).copied().unwrap_or(0.0);
+        if code & Self::SIGN != 0 { -m } else { m }
+    }
+
+    /// Code of entry `i`, or `None` past the entries.
+    pub fn code(&self, i: usize) -> Option<u8> {
+        if i >= self.indices.len() {
+            return None;
+        }
+        let byte = self.codes.get(i / 2)?;
+        Some(if i.is_multiple_of(2) { byte & 0xF } else { byte >> 4 })
+    }
+
+    /// Value of entry `i`, or `None` past the entries.
+    pub fn value(&self, i: usize) -> Option<f32> {
+        let levels = Self::levels(self.scale, self.ratio);
+        self.code(i).map(|c| Self::decode_code(c, &levels))
+    }
+}
+
 /// One sign bit per element with one magnitude for the whole layer (1-bit SignSGD with a scale).
 ///
 /// Element `i` is `-scale` when bit `i % 64` of `words[i / 64]` is set and `+scale` otherwise (the
@@ -94,6 +169,8 @@ pub enum LayerPayload {
     Dense(DenseValues),
     /// Sparse top-k with int8 values.
     TopK(TopK),
+    /// Sparse top-k with 4-bit log-spaced values.
+    TopK4(TopK4),
     /// 1-bit signs with one scale.
     Sign(SignBits),
 }
@@ -104,6 +181,7 @@ impl LayerPayload {
         match self {
             Self::Dense(d) => d.len() as u64,
             Self::TopK(t) => u64::from(t.len),
+            Self::TopK4(t) => u64::from(t.len),
             Self::Sign(s) => u64::from(s.len),
         }
     }
@@ -113,6 +191,7 @@ impl LayerPayload {
         match self {
             Self::Dense(d) => d.len() as u64,
             Self::TopK(t) => t.indices.len() as u64,
+            Self::TopK4(t) => t.indices.len() as u64,
             Self::Sign(s) => u64::from(s.len),
         }
     }
@@ -121,18 +200,19 @@ impl LayerPayload {
     pub fn kind(&self) -> PayloadKind {
         match self {
             Self::Dense(_) => PayloadKind::Dense,
-            Self::TopK(_) => PayloadKind::TopK,
+            Self::TopK(_) | Self::TopK4(_) => PayloadKind::TopK,
             Self::Sign(_) => PayloadKind::Sign,
         }
     }
 }
 
-/// The three payload encodings, without their data.
+/// The three payload encodings, without their data (a kind, like [`LayerPayload::Dense`]'s,
+/// may come in several value formats).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum PayloadKind {
     /// [`LayerPayload::Dense`].
     Dense,
-    /// [`LayerPayload::TopK`].
+    /// [`LayerPayload::TopK`] or [`LayerPayload::TopK4`].
     TopK,
     /// [`LayerPayload::Sign`].
     Sign,
@@ -151,7 +231,7 @@ pub struct PacketBody {
 pub struct CompressionSummary {
     /// Layers sent dense.
     pub dense_layers: u16,
-    /// Layers sent as top-k + int8.
+    /// Layers sent as top-k (int8 or 4-bit values).
     pub topk_layers: u16,
     /// Layers sent as 1-bit signs.
     pub sign_layers: u16,

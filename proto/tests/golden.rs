@@ -45,3 +45,24 @@ fn golden_bytes_decode() {
         decode_body(header.header(), &spec(), &hex::decode(GOLDEN_BODY).unwrap()).unwrap();
     assert_eq!(decoded, body());
 }
+
+/// The 4-bit top-k layer's encoding: tag 4, length, count, the delta-coded indices, the packed
+/// codes (low nibble first), then scale and ratio as little-endian f32.
+#[test]
+fn v1_topk4_layer_is_pinned() {
+    let body = PacketBody {
+        layers: vec![LayerPayload::TopK4(TopK4 {
+            len: 200,
+            indices: vec![0, 7, 130],
+            codes: vec![0x9F, 0x07],
+            scale: 0.5,
+            ratio: 0.25,
+        })],
+    };
+    let bytes = encode_body(&body);
+    assert_eq!(
+        hex::encode(&bytes),
+        "0104c801030300077b029f070000003f0000803e"
+    );
+    assert_eq!(bytes.len(), 1 + encoded_layer_len(&body.layers[0]));
+}

@@ -190,6 +190,72 @@ fn oversize_topk_count() {
     );
 }
 
+fn topk4(count: usize, codes: Vec<u8>, scale: f32, ratio: f32) -> LayerPayload {
+    LayerPayload::TopK4(TopK4 {
+        len: 200,
+        indices: (0..count as u32).map(|i| i * 3).collect(),
+        codes,
+        scale,
+        ratio,
+    })
+}
+
+#[test]
+fn topk4_checks() {
+    // A valid 4-bit layer decodes to what was sent.
+    let good = with_layer(2, topk4(3, vec![0x9F, 0x07], 0.5, 0.25));
+    let (header, bytes) = forged_packet(&good);
+    assert_eq!(decode_body(&header, &spec(), &bytes).unwrap(), good);
+    let malformed = |detail| DecodeError::Malformed {
+        part: Part::Layer(2),
+        detail,
+    };
+    let ratio = malformed("4-bit level ratio outside (0, 1]");
+    for r in [0.0, -0.5, 1.5, f32::NAN, f32::INFINITY] {
+        let bad = with_layer(2, topk4(3, vec![0x9F, 0x07], 0.5, r));
+        assert_eq!(body_error(&bad), ratio, "ratio {r}");
+    }
+    for s in [-1.0, f32::NAN, f32::INFINITY] {
+        let bad = with_layer(2, topk4(3, vec![0x9F, 0x07], s, 0.5));
+        match body_error(&bad) {
+            DecodeError::NonFiniteScale { layer: 2, scale } => {
+                assert_eq!(scale.to_bits(), s.to_bits());
+            }
+            other => panic!("scale {s}: {other:?}"),
+        }
+    }
+    let count = malformed("4-bit code bytes do not match the entry count");
+    for codes in [vec![0x9F], vec![0x9F, 0x07, 0x00], vec![]] {
+        assert_eq!(body_error(&with_layer(2, topk4(3, codes, 0.5, 0.5))), count);
+    }
+    assert_eq!(
+        body_error(&with_layer(2, topk4(3, vec![0x9F, 0x17], 0.5, 0.5))),
+        malformed("unused 4-bit code is not zero")
+    );
+    let mut unsorted = topk4(3, vec![0x9F, 0x07], 0.5, 0.5);
+    if let LayerPayload::TopK4(t) = &mut unsorted {
+        t.indices = vec![0, 9, 9];
+    }
+    assert_eq!(
+        body_error(&with_layer(2, unsorted)),
+        DecodeError::IndexNotIncreasing {
+            layer: 2,
+            position: 2
+        }
+    );
+    // More entries than the layer has, under the honest summary (see `oversize_topk_count`).
+    let bytes = encode_body(&with_layer(2, topk4(201, vec![0; 101], 0.5, 0.5)));
+    let header = decode_header(&forge(sealed().header.into_header(), &bytes, &key(1))).unwrap();
+    assert_eq!(
+        decode_body(header.header(), &spec(), &bytes).unwrap_err(),
+        DecodeError::Oversize {
+            what: "top-k count",
+            len: 201,
+            max: 200
+        }
+    );
+}
+
 #[test]
 fn truncated_header() {
     let bytes = sealed().header_bytes;

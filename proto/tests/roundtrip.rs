@@ -48,6 +48,31 @@ fn topk(n: usize) -> impl Strategy<Value = LayerPayload> {
         })
 }
 
+fn topk4(n: usize) -> impl Strategy<Value = LayerPayload> {
+    (
+        prop::collection::btree_set(0..n as u32, 0..=n.min(300)),
+        0f32..10.0,
+        prop::num::f32::POSITIVE.prop_filter("at most 1", |r| *r <= 1.0),
+    )
+        .prop_flat_map(move |(set, scale, ratio)| {
+            let k = set.len();
+            prop::collection::vec(0u8..16, k).prop_map(move |nibbles| {
+                // Pack two codes a byte, the low nibble first; an odd count leaves a zero nibble.
+                let codes = nibbles
+                    .chunks(2)
+                    .map(|c| c[0] | c.get(1).map_or(0, |h| h << 4))
+                    .collect();
+                LayerPayload::TopK4(TopK4 {
+                    len: n as u32,
+                    indices: set.iter().copied().collect(),
+                    codes,
+                    scale,
+                    ratio,
+                })
+            })
+        })
+}
+
 fn sign(n: usize) -> impl Strategy<Value = LayerPayload> {
     (
         prop::collection::vec(any::<u64>(), n.div_ceil(64)),
@@ -68,7 +93,7 @@ fn sign(n: usize) -> impl Strategy<Value = LayerPayload> {
 }
 
 fn payload(n: usize) -> BoxedStrategy<LayerPayload> {
-    prop_oneof![dense(n), topk(n), sign(n)].boxed()
+    prop_oneof![dense(n), topk(n), topk4(n), sign(n)].boxed()
 }
 
 /// A random spec of 1..6 layers and a valid body for it.

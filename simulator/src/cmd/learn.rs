@@ -24,6 +24,15 @@ pub(crate) enum SettingArg {
     Label,
 }
 
+/// How top-k values are quantised (`kindred_distill::TopKValues`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum TopKValuesArg {
+    /// One byte each, one scale per layer.
+    Int8,
+    /// Four bits each: a sign and eight log-spaced magnitudes.
+    Log4,
+}
+
 /// Options of `kindred-sim learn`.
 #[derive(Debug, Clone, Args)]
 pub(crate) struct LearnArgs {
@@ -101,12 +110,16 @@ pub(crate) struct LearnArgs {
     #[arg(long)]
     pub(crate) hub_band_bits: Option<u8>,
     /// Top-k density every distilling policy settles at after its warm-up (default:
-    /// kindred-distill's 0.02, and 0.05 for kindred).
+    /// kindred-distill's 0.02, and 0.067 for kindred).
     #[arg(long)]
     pub(crate) density: Option<f32>,
     /// Top-k density a Kindred hub distills its merge at (default: the members' density).
     #[arg(long)]
     pub(crate) hub_density: Option<f32>,
+    /// How every distilling policy quantises its top-k values (default: int8, and log4 for
+    /// kindred).
+    #[arg(long, value_enum)]
+    pub(crate) topk_values: Option<TopKValuesArg>,
     /// Honest nodes tracked every round (all are evaluated at the end).
     #[arg(long, default_value_t = 64)]
     pub(crate) eval_nodes: usize,
@@ -354,8 +367,25 @@ impl LearnArgs {
         Ok(attacks)
     }
 
-    /// Apply `--density` to every distilling policy and `--hub-density` to the hubs.
+    /// Apply `--density` and `--topk-values` to every distilling policy and `--hub-density` to
+    /// the hubs.
     fn densities(&self, c: &mut LearnConfig) -> anyhow::Result<()> {
+        if let Some(v) = self.topk_values {
+            let mut any = false;
+            for p in &mut c.policies {
+                if let Compression::Distill(policy) = &mut p.compression {
+                    policy.topk_values = match v {
+                        TopKValuesArg::Int8 => kindred_distill::TopKValues::Int8,
+                        TopKValuesArg::Log4 => kindred_distill::TopKValues::Log4,
+                    };
+                    any = true;
+                }
+            }
+            anyhow::ensure!(
+                any,
+                "--topk-values applies to the distilling policies: add one to --policies"
+            );
+        }
         if let Some(d) = self.density {
             anyhow::ensure!(
                 c.policies

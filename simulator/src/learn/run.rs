@@ -49,7 +49,7 @@ use kindred_distill::{
 };
 use kindred_proto::{
     DenseValues, Embedding, HeaderFields, LayerPayload, ModelSpec, PacketBody, SIMHASH_BITS,
-    SignBits, SimHash, TopK, seal,
+    SignBits, SimHash, TopK, TopK4, seal,
 };
 use kindred_routing::{Follower, RoundPlan};
 use kindred_trainer::{Arch, CLASSES, Examples, Mnist, Model, ModelError, Split};
@@ -420,6 +420,22 @@ fn maximal(body: &PacketBody) -> PacketBody {
                 indices: t.indices.clone(),
                 values: int8(&t.values),
                 scale,
+            }),
+            // Every code at level 7 (its sign kept), the top level at f32::MAX.
+            LayerPayload::TopK4(t) => LayerPayload::TopK4(TopK4 {
+                len: t.len,
+                indices: t.indices.clone(),
+                codes: (t.codes.iter().enumerate())
+                    .map(|(j, b)| {
+                        b | if 2 * j + 1 < t.indices.len() {
+                            0x77
+                        } else {
+                            0x07
+                        }
+                    })
+                    .collect(),
+                scale: f32::MAX,
+                ratio: 1.0,
             }),
             LayerPayload::Sign(b) => LayerPayload::Sign(SignBits {
                 len: b.len,
@@ -1832,7 +1848,7 @@ mod tests {
     fn every_payload() -> (ModelSpec, PacketBody) {
         use kindred_proto::{DType, LayerSpec};
         let spec = ModelSpec::new(
-            ["dense32", "dense16", "int8", "topk", "sign"]
+            ["dense32", "dense16", "int8", "topk", "topk4", "sign"]
                 .iter()
                 .map(|n| LayerSpec::new(*n, [8], DType::F32))
                 .collect(),
@@ -1854,6 +1870,13 @@ mod tests {
                     indices: vec![1, 5],
                     values: vec![-100, 20],
                     scale: 0.01,
+                }),
+                LayerPayload::TopK4(TopK4 {
+                    len: 8,
+                    indices: vec![0, 3, 6],
+                    codes: vec![0x29, 0x05],
+                    scale: 0.5,
+                    ratio: 0.5,
                 }),
                 LayerPayload::Sign(SignBits {
                     len: 8,
@@ -1900,7 +1923,8 @@ mod tests {
         assert!(layer(1).iter().all(|x| x.abs() == 65504.0));
         assert!(layer(2).iter().all(|x| x.abs() > 3.0e38));
         assert_eq!(layer(3).iter().filter(|x| x.abs() > 3.0e38).count(), 2);
-        assert!(layer(4).iter().all(|x| x.abs() == f32::MAX));
+        assert_eq!(layer(4).iter().filter(|x| x.abs() == f32::MAX).count(), 3);
+        assert!(layer(5).iter().all(|x| x.abs() == f32::MAX));
         // One step larger and a receiver refuses the int8 scale.
         let s = max_int8_scale();
         assert!((s * 127.0).is_finite());
