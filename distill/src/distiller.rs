@@ -701,7 +701,7 @@ fn quantize_topk(
 
 /// The 4-bit payload of a selection ([`TopK4`]): eight log-spaced magnitudes from the smallest
 /// non-zero selected magnitude to the largest, each value rounded to the nearest of them (by
-/// comparison with the midpoints, no logarithm per entry). A zero entry carries nothing.
+/// comparison with the seven midpoints, no logarithm per entry). A zero entry carries nothing.
 fn quantize_log4(
     len: usize,
     sel: &kindred_kernels::Selection,
@@ -739,24 +739,34 @@ fn quantize_log4(
         *m = 0.5
             * (levels.get(j).copied().unwrap_or(0.0) + levels.get(j + 1).copied().unwrap_or(0.0));
     }
+    // Each value's code in one pass without branches (it vectorises): the nearest level is the
+    // number of midpoints below the magnitude.
+    let unpacked: Vec<u8> = (sel.values.iter())
+        .map(|&v| {
+            let a = v.abs();
+            let level = midpoints.iter().map(|&m| u8::from(m < a)).sum::<u8>();
+            level | (u8::from(v < 0.0) << 3)
+        })
+        .collect();
+    let mut values = [0f32; 16];
+    for (code, slot) in (0u8..).zip(values.iter_mut()) {
+        *slot = TopK4::decode_code(code, &levels);
+    }
     let mut indices = Vec::with_capacity(sel.indices.len());
-    let mut codes = Vec::with_capacity(sel.indices.len().div_ceil(2));
-    for (&i, &v) in sel.indices.iter().zip(&sel.values) {
+    let mut kept = Vec::with_capacity(sel.indices.len());
+    for ((&i, &v), &code) in sel.indices.iter().zip(&sel.values).zip(&unpacked) {
         if v == 0.0 {
             put_back(i as usize, v);
             continue;
         }
-        // Levels above the magnitude's nearest all have midpoints at or above it.
-        let level = midpoints.partition_point(|&m| m < v.abs()) as u8;
-        let code = level | if v < 0.0 { TopK4::SIGN } else { 0 };
-        put_back(i as usize, v - TopK4::decode_code(code, &levels));
-        if indices.len().is_multiple_of(2) {
-            codes.push(code);
-        } else if let Some(last) = codes.last_mut() {
-            *last |= code << 4;
-        }
+        let sent = values.get(usize::from(code & 0xF)).copied().unwrap_or(0.0);
+        put_back(i as usize, v - sent);
         indices.push(i);
+        kept.push(code);
     }
+    let codes = (kept.chunks(2))
+        .map(|pair| pair.first().copied().unwrap_or(0) | (pair.get(1).copied().unwrap_or(0) << 4))
+        .collect();
     TopK4 {
         len,
         indices,

@@ -20,6 +20,8 @@ BODY=040224080ff05a5a0a0000000000003e000108003800bc0000004001c80105050007017a450
 seed() { mkdir -p "corpus/$1"; python3 -c "import sys; open(sys.argv[1],'wb').write(bytes.fromhex(sys.argv[2]))" "corpus/$1/$2" "$3"; }
 seed decode_header golden "$HEADER"
 seed decode_body golden "00$BODY"
+# A 4-bit top-k layer (proto/tests/golden.rs, v1_topk4_layer_is_pinned).
+seed decode_body topk4 "000104c801030300077b029f070000003f0000803e"
 # The signed part of the golden header (without its 98-byte seal), behind a selector byte.
 seed header_canonical golden "00${HEADER:0:$(( ${#HEADER} - 196 ))}"
 seed decode_rpc empty "00"

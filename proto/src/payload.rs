@@ -138,7 +138,11 @@ impl TopK4 {
             return None;
         }
         let byte = self.codes.get(i / 2)?;
-        Some(if i.is_multiple_of(2) { byte & 0xF } else { byte >> 4 })
+        Some(if i.is_multiple_of(2) {
+            byte & 0xF
+        } else {
+            byte >> 4
+        })
     }
 
     /// Value of entry `i`, or `None` past the entries.
