@@ -6,8 +6,8 @@
 //!   a [`kindred_proto::PacketBody`] ready for `kindred_proto::seal`, an
 //!   [`kindred_proto::Embedding`] for the header, the SimHash bit margins routing probes with, and
 //!   a [`Report`] of what each layer cost.
-//! - [`Policy`]: per layer and round, dense f16 / top-k + int8 / 1-bit sign, with a warm-up
-//!   schedule and a byte-budget mode.
+//! - [`Policy`]: per layer and round, dense f16 / top-k (int8 or 4-bit) / 1-bit sign, with a
+//!   warm-up schedule and a byte-budget mode.
 //! - [`decode`]: a body back to a dense update, deterministically.
 //! - [`Embedder`]: the embedding alone (centred, per-layer normalised, count-sketched, SimHashed),
 //!   cheap enough for the simulator to run for thousands of virtual nodes.

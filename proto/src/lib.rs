@@ -5,8 +5,8 @@
 //! - a small signed **header** ([`PacketHeader`]): model id, round, sender, loss, sample count,
 //!   the update's [`Embedding`], the body's length and blake3 hash, and a compression summary;
 //! - a **body** ([`PacketBody`]): one [`LayerPayload`] per layer in model order, each dense
-//!   (f32/f16/bf16, or int8 with one scale), top-k (delta-coded indices, int8 values, one scale)
-//!   or 1-bit signs.
+//!   (f32/f16/bf16, or int8 with one scale), top-k (delta-coded indices; int8 values with one
+//!   scale, or 4-bit log-spaced ones, [`TopK4`]) or 1-bit signs.
 //!
 //! Peers fetch headers first and bodies only for the few packets they will merge, so the header
 //! alone must be verifiable: it is signed with the sender's libp2p ed25519 identity, names the
