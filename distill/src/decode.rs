@@ -9,7 +9,7 @@
 //! way is rejected with a [`DecodeError`] rather than mis-decoded.
 
 use kindred_kernels::{Backend, Kernels};
-use kindred_proto::{DenseValues, LayerPayload, ModelSpec, PacketBody, TopK4};
+use kindred_proto::{DenseValues, LayerPayload, ModelSpec, PacketBody, TopK, TopK4};
 
 use crate::error::DecodeError;
 use crate::layout::Layout;
@@ -64,14 +64,7 @@ pub fn decode(body: &PacketBody, spec: &ModelSpec) -> Result<Vec<f32>, DecodeErr
 pub fn decode_update(body: &PacketBody, spec: &ModelSpec) -> Result<Update, DecodeError> {
     let layout = checked_layout(body, spec)?;
     // Entries the body can hold: a top-k layer's entries, every element of any other layer.
-    let entries: u64 = body
-        .layers
-        .iter()
-        .map(|p| match p {
-            LayerPayload::TopK(_) | LayerPayload::TopK4(_) => p.carried(),
-            other => other.numel(),
-        })
-        .sum();
+    let entries: u64 = body.layers.iter().map(LayerPayload::carried).sum();
     if entries > layout.len() as u64 / 4 {
         return decode(body, spec).map(Update::Dense);
     }
@@ -79,8 +72,8 @@ pub fn decode_update(body: &PacketBody, spec: &ModelSpec) -> Result<Update, Deco
     let mut out = UpdateBuilder::with_capacity(layout.len(), entries as usize);
     for (layer, (payload, range)) in body.layers.iter().zip(layout.ranges()).enumerate() {
         let offset = range.start;
-        if let LayerPayload::TopK(_) | LayerPayload::TopK4(_) = payload {
-            for_each_topk(layer, payload, range.len(), |i, v| out.push(offset + i, v))?;
+        if let Some(t) = TopKRef::of(payload) {
+            for_each_topk(layer, t, range.len(), |i, v| out.push(offset + i, v))?;
         } else {
             let mut dst = vec![0f32; range.len()];
             decode_layer(&backend, layer, payload, &mut dst)?;
@@ -213,12 +206,30 @@ fn check_scale(layer: usize, scale: f32) -> Result<(), DecodeError> {
     }
 }
 
-/// Every entry of a top-k payload (int8 or 4-bit) of layer `layer` (of `len` elements) in
-/// order, dequantised, once the payload is checked: as many values as indices, indices strictly
-/// increasing and below `len`, a finite scale (and a 4-bit ratio in (0, 1]) and finite values.
+/// A top-k payload, int8 or 4-bit.
+#[derive(Clone, Copy)]
+enum TopKRef<'a> {
+    Int8(&'a TopK),
+    Log4(&'a TopK4),
+}
+
+impl<'a> TopKRef<'a> {
+    /// `payload` if it is a top-k one.
+    fn of(payload: &'a LayerPayload) -> Option<Self> {
+        match payload {
+            LayerPayload::TopK(t) => Some(Self::Int8(t)),
+            LayerPayload::TopK4(t) => Some(Self::Log4(t)),
+            LayerPayload::Dense(_) | LayerPayload::Sign(_) => None,
+        }
+    }
+}
+
+/// Every entry of top-k payload `t` of layer `layer` (of `len` elements) in order, dequantised,
+/// once the payload is checked: as many values as indices, indices strictly increasing and
+/// below `len`, a finite scale (and a 4-bit ratio in (0, 1]) and finite values.
 fn for_each_topk(
     layer: usize,
-    payload: &LayerPayload,
+    t: TopKRef<'_>,
     len: usize,
     entry: impl FnMut(usize, f32),
 ) -> Result<(), DecodeError> {
@@ -226,8 +237,8 @@ fn for_each_topk(
         layer,
         reason: "value count differs from index count",
     };
-    match payload {
-        LayerPayload::TopK(t) => {
+    match t {
+        TopKRef::Int8(t) => {
             check_scale(layer, t.scale)?;
             if t.values.len() != t.indices.len() {
                 return Err(count_error);
@@ -235,7 +246,7 @@ fn for_each_topk(
             let value = |j: usize| t.values.get(j).map(|&q| f32::from(q) * t.scale);
             for_each_entry(layer, &t.indices, len, value, entry)
         }
-        LayerPayload::TopK4(t) => {
+        TopKRef::Log4(t) => {
             // Every level is at most the scale: a finite one is enough.
             if !(t.scale.is_finite() && t.scale >= 0.0) {
                 return Err(DecodeError::Scale {
@@ -256,9 +267,17 @@ fn for_each_topk(
             let value = |j: usize| t.code(j).map(|c| TopK4::decode_code(c, &levels));
             for_each_entry(layer, &t.indices, len, value, entry)
         }
-        // Callers pass top-k payloads only.
-        LayerPayload::Dense(_) | LayerPayload::Sign(_) => Ok(()),
     }
+}
+
+/// Top-k payload `t` written into `dst`, its layer's elements (the others left as they are).
+fn scatter_topk(layer: usize, t: TopKRef<'_>, dst: &mut [f32]) -> Result<(), DecodeError> {
+    let len = dst.len();
+    for_each_topk(layer, t, len, |i, v| {
+        if let Some(d) = dst.get_mut(i) {
+            *d = v;
+        }
+    })
 }
 
 /// `entry(index, value(j))` for the `j`-th of `indices`, checked strictly increasing, below
@@ -323,13 +342,8 @@ fn decode_layer(
                 return Err(DecodeError::NonFinite { layer, index });
             }
         }
-        LayerPayload::TopK(_) | LayerPayload::TopK4(_) => {
-            for_each_topk(layer, payload, dst.len(), |i, v| {
-                if let Some(d) = dst.get_mut(i) {
-                    *d = v;
-                }
-            })?;
-        }
+        LayerPayload::TopK(t) => scatter_topk(layer, TopKRef::Int8(t), dst)?,
+        LayerPayload::TopK4(t) => scatter_topk(layer, TopKRef::Log4(t), dst)?,
         LayerPayload::Sign(s) => {
             backend
                 .sign_unpack(&s.words, s.scale, dst)
