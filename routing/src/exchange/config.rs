@@ -147,6 +147,20 @@ pub struct ExchangeConfig {
     /// that one serves it. `None` (the default): one hub merges the whole cohort, up to
     /// [`ExchangeConfig::max_pushers`]; the node's wire does not carry the tree's answers yet.
     pub fanout: Option<usize>,
+    /// Exchange rounds in a row after which a node that merged with fewer than two others
+    /// (its own hub that took fewer than two pushes, or a member that applied its own update)
+    /// is *stranded*: its searches learn the 4 nearest peers they find even below the cosine
+    /// gate, and it takes the model of a hub its data accepts even when far from its own.
+    /// Default 3; 0 turns it off.
+    ///
+    /// Why: a node alone trains on its own shard, and its sketch drifts from its task's, whose
+    /// nodes move together; once under the gate's floor no search brings it back, and a model
+    /// far from its own it kept at a distance, so the hub's gate refused its packet again. At
+    /// `kindred-sim learn --nodes 1000 --rounds 30 --setting label --fanout 64` 2-5 nodes a
+    /// seed (and pairs that found only each other) trained alone all 30 rounds, at 45-65%
+    /// against their task's 88-90%. Its data, not its sketch, tells its task from another
+    /// (`kindred_distill::check_by_data`), and it asks a few hubs a model each.
+    pub stranded_after: u32,
     /// Misses in a row (no answer, busy, no merge by the deadline) after which a member
     /// forgets its hub and moves to the next rank. Default 2.
     pub max_misses: u32,
@@ -244,6 +258,7 @@ impl Default for ExchangeConfig {
             max_providers: 768,
             max_pushers: 256,
             fanout: None,
+            stranded_after: 3,
             max_misses: 2,
             dropped_rounds: 3,
             ban_rounds: 100,

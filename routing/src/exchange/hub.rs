@@ -512,6 +512,7 @@ fn hold<P: PartialEq + Clone, M>(
             r.waiting = Some(waiting.saturating_sub(1));
         }
         r.pushes.push(push);
+        r.held = r.held.saturating_add(1);
         return Answer::Accepted { depth };
     }
     if tree.is_none() {

@@ -8,7 +8,17 @@ use super::io::{
 use super::round::{Joining, Step, Sub, current};
 use crate::is_hub_candidate;
 
+/// Most search results a stranded node learns below the cosine gate, the nearest first
+/// ([`super::ExchangeConfig::stranded_after`]): each costs it a model fetch at most.
+const STRANDED_LEARNS: usize = 4;
+
 impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
+    /// Whether the node merged with fewer than two others for
+    /// [`super::ExchangeConfig::stranded_after`] exchange rounds in a row.
+    fn is_stranded(&self) -> bool {
+        self.config.stranded_after > 0 && self.stranded >= self.config.stranded_after
+    }
+
     pub(super) fn packet_ready(&mut self, now: Millis, round: u64, packet: M) {
         let exchange_round = self.exchange_round(round);
         let alone = self.view.hub() == *self.view.own();
@@ -92,7 +102,20 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             .collect();
         ranked.sort_by(|a, b| b.cosine.total_cmp(&a.cosine).then(a.peer.cmp(&b.peer)));
         ranked.truncate(self.config.max_providers);
+        // A stranded node's sketch may have drifted under the gate's floor: it learns the
+        // nearest it found as well, for its data to judge
+        // ([`super::ExchangeConfig::stranded_after`]).
+        let nearest: Vec<SeenHeader<P>> = if self.is_stranded() {
+            ranked.iter().take(STRANDED_LEARNS).cloned().collect()
+        } else {
+            Vec::new()
+        };
         self.config.gate.retain_admitted(&mut ranked, |h| h.cosine);
+        for h in nearest {
+            if !ranked.iter().any(|r| r.peer == h.peer) {
+                ranked.push(h);
+            }
+        }
         // A header names its sender's hub: the node learns the peer and its hub.
         let learned = self.view.learn(
             ranked
@@ -449,7 +472,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
                     let rank = self.rank_of(&hub);
                     self.redirect_held(&hub, rank);
                 }
-                let joining = if verdict == ModelVerdict::Adopt || rebase {
+                let joining = if verdict == ModelVerdict::Adopt || rebase || self.is_stranded() {
                     Joining::Adopt(model)
                 } else {
                     Joining::Keep

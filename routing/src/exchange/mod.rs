@@ -31,7 +31,10 @@
 //!    view is small after its first search (a small task, or a fragment of one) it looks up
 //!    [`ExchangeConfig::probes`] multi-probe keys too, and [`ExchangeConfig::search_probes`]
 //!    in every search after the warm-up. It learns the headers the cosine gate
-//!    admits and the hubs they name ([`Cohort::learn`]).
+//!    admits and the hubs they name ([`Cohort::learn`]); a *stranded* node, one that merged
+//!    with fewer than two others for [`ExchangeConfig::stranded_after`] rounds in a row,
+//!    learns the nearest few below the gate as well, and takes the model of a hub its data
+//!    accepts even when it is far from its own (step 2).
 //! 2. **Join and push.** Its hub is the lowest rank it knows ([`Cohort::hub`]). Views need not
 //!    be symmetric: a node may outrank a cohort that never found it, and wait for pushes that
 //!    never come. So a hub nobody pushed to for [`ExchangeConfig::idle_rounds`] pushes to its
@@ -252,6 +255,10 @@ pub struct Exchange<P, M> {
     /// and nobody pushed to it ([`ExchangeConfig::idle_rounds`]). Not persisted: a restart
     /// costs that many rounds.
     idle: u32,
+    /// Exchange rounds in a row the node merged with fewer than two others: its own hub that
+    /// took fewer than two pushes, or a member that applied its own update
+    /// ([`ExchangeConfig::stranded_after`]). Not persisted.
+    stranded: u32,
     /// It searches again next round, as its own hub: its last search taught its view new
     /// peers (two trees of one task that missed each other then meet within the key window
     /// rather than at the next scheduled search), or found peers it could not reach yet
@@ -313,6 +320,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             told: None,
             listed_to: BTreeMap::new(),
             idle: 0,
+            stranded: 0,
             search_again: false,
             catch_up_until: None,
             mates: Vec::new(),
@@ -389,6 +397,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             told: None,
             listed_to: BTreeMap::new(),
             idle: 0,
+            stranded: 0,
             search_again: false,
             catch_up_until: None,
             mates: Vec::new(),
@@ -697,6 +706,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             retries: 0,
             served: None,
             heard: false,
+            held: 0,
             knew_peers: knows,
             lost_peers,
             depth: if self.view.is_own(&self.view.hub()) {
@@ -919,6 +929,17 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             // It took its hub's model (and merge): caught up.
             self.catch_up_until = None;
         }
+        let merged_with_others = match role {
+            // A pair that found each other and nobody else is stranded too.
+            Role::Hub => r.held >= 2,
+            Role::Member => matches!(apply, Apply::Merge { .. } | Apply::Adopt(_)),
+            Role::Local => true,
+        };
+        self.stranded = if merged_with_others {
+            0
+        } else {
+            self.stranded.saturating_add(1)
+        };
         match role {
             Role::Hub if !r.heard && r.knew_peers => self.idle = self.idle.saturating_add(1),
             Role::Hub if !r.heard => {}

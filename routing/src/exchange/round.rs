@@ -123,6 +123,8 @@ pub(super) struct Round<P, M> {
     pub(super) served: Option<Served<P, M>>,
     /// Somebody pushed to the node this round (a hub nobody pushes to is idle).
     pub(super) heard: bool,
+    /// Pushes the node (a hub) took this round.
+    pub(super) held: u32,
     /// The node knew peers when the round started (only then can a hub be idle: peers that
     /// met it in this round's searches push from the next).
     pub(super) knew_peers: bool,

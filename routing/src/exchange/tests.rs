@@ -2005,3 +2005,152 @@ fn a_sub_hub_that_takes_its_hubs_model_again_keeps_its_children() {
     assert!(compute_merge(&mut sub, close.0 + 5, &out, "s1"));
     assert_eq!(pushed(&drain(&mut sub), 1), Some(("s1", None)));
 }
+
+/// A search finds peer 2 (rank 5) at sketch cosine 0.3, under the gate's floor.
+fn found_far(node: &mut Node, round: u64) {
+    let headers = vec![SeenHeader {
+        peer: 2,
+        rank: 5,
+        cosine: 0.3,
+        hub: 2,
+        hub_rank: 5,
+    }];
+    node.handle(
+        Millis(round * 1_000 + 1),
+        Input::SearchDone { round, headers },
+    );
+}
+
+#[test]
+fn a_stranded_node_learns_peers_under_the_gate_and_takes_a_far_model_its_data_accepts() {
+    let c = config();
+    assert_eq!(c.stranded_after, 3);
+    // Not stranded yet: a search result under the gate's floor is not learned.
+    let mut fresh = Node::new(1, 10, c.clone());
+    assert!(searches(&start(&mut fresh, 0, "p")));
+    found_far(&mut fresh, 0);
+    assert!(fresh.cohort().is_empty());
+    // Alone in exchange rounds 0-3 (searches find nobody), it searches in round 4 (a node
+    // that knows nobody) and learns the far peer.
+    let mut node = Node::new(1, 10, c);
+    for round in 0..4 {
+        assert_eq!(idle_round(&mut node, round).1.role, Role::Hub);
+    }
+    let out = start(&mut node, 4, "p");
+    assert!(searches(&out));
+    found_far(&mut node, 4);
+    assert_eq!(node.hub(), 2);
+    let out = drain(&mut node);
+    let ticket = fetch_ticket(&out, 2);
+    // Its data accepts the hub's model, far from its own: it takes it all the same, so the
+    // hub's gate, which refuses its drifted packet, lets its next one in.
+    check_model(&mut node, Millis(4_010), ticket, "m2", ModelVerdict::Keep);
+    assert!(pushes_to(&drain(&mut node), 2));
+    answer(&mut node, 4_600, 2, 4, Answer::Refused { foreign: false });
+    let report = finished(&drain(&mut node)).unwrap();
+    assert_eq!(report.apply, Apply::Adopt("m2"));
+    assert_eq!(node.joined(), Some(&2));
+    // Next round it pushes to its hub as a member.
+    let out = start(&mut node, 5, "p5");
+    assert!(pushes_to(&out, 2), "{out:?}");
+}
+
+/// Round `round` of a hub that `pushers` push to (at sketch cosine 0.99), every merge made and
+/// every check passed.
+fn hub_round(
+    node: &mut Node,
+    round: u64,
+    pushers: &[(u32, u64)],
+) -> RoundReport<u32, &'static str> {
+    let t = round * 1_000;
+    node.handle(
+        Millis(t),
+        Input::RoundStart {
+            round,
+            deadline: Millis(t + 1_000),
+        },
+    );
+    for &(from, rank) in pushers {
+        node.handle(
+            Millis(t + 1),
+            Input::PushReceived {
+                from,
+                rank,
+                round,
+                packet: "p",
+                cosine: 0.99,
+                known: Vec::new(),
+                via: None,
+            },
+        );
+    }
+    node.handle(
+        Millis(t + 2),
+        Input::PacketReady {
+            round,
+            packet: "p1",
+        },
+    );
+    let mut out = drain(node);
+    if searches(&out) {
+        let headers = Vec::new();
+        node.handle(Millis(t + 3), Input::SearchDone { round, headers });
+        out.extend(drain(node));
+    }
+    node.handle_timeout(Millis(t + 600));
+    let mut pending = drain(node);
+    while !pending.is_empty() {
+        for o in &pending {
+            match o {
+                Output::Merge { ticket, .. } => {
+                    let merge = Some("merge");
+                    node.handle(
+                        Millis(t + 650),
+                        Input::MergeComputed {
+                            ticket: *ticket,
+                            merge,
+                        },
+                    );
+                }
+                Output::CheckMerge { ticket, .. } => {
+                    let verdict = MergeVerdict::Pass;
+                    node.handle(
+                        Millis(t + 700),
+                        Input::MergeChecked {
+                            ticket: *ticket,
+                            verdict,
+                        },
+                    );
+                }
+                _ => {}
+            }
+        }
+        out.append(&mut pending);
+        pending = drain(node);
+    }
+    node.handle_timeout(Millis(t + 1_000));
+    out.extend(drain(node));
+    finished(&out).unwrap()
+}
+
+#[test]
+fn a_hub_of_a_pair_is_stranded_and_a_hub_of_three_is_not() {
+    for (pushers, learns) in [(&[(3, 30)][..], true), (&[(3, 30), (4, 40)][..], false)] {
+        let mut hub = Node::new(1, 10, config());
+        // Exchange rounds 0-9 as the hub of `pushers`; it searches again in round 10.
+        for round in 0..10 {
+            let report = hub_round(&mut hub, round, pushers);
+            assert_eq!(report.role, Role::Hub);
+            assert_eq!(
+                report.apply,
+                Apply::Merge {
+                    merge: "merge",
+                    adopt: None
+                }
+            );
+        }
+        assert!(searches(&start(&mut hub, 10, "p1")));
+        found_far(&mut hub, 10);
+        assert_eq!(hub.hub() == 2, learns, "pushers {pushers:?}");
+    }
+}

@@ -113,7 +113,8 @@ pub(crate) struct LearnArgs {
     /// kindred-distill's 0.02, and 0.067 for kindred).
     #[arg(long)]
     pub(crate) density: Option<f32>,
-    /// Top-k density a Kindred hub distills its merge at (default: the members' density).
+    /// Top-k density a Kindred hub distills its merge at (default: the members' density, and
+    /// at least 0.1 in a tree, `--fanout`).
     #[arg(long)]
     pub(crate) hub_density: Option<f32>,
     /// How every distilling policy quantises its top-k values (default: int8, and log4 for

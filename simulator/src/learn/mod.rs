@@ -18,6 +18,6 @@ pub mod run;
 
 pub use config::{
     Attack, Compression, Consensus, Faults, Hostile, HubConfig, LearnConfig, Merge, Partners,
-    PolicySpec, Setting,
+    PolicySpec, Setting, TREE_MERGE_DENSITY,
 };
 pub use run::{LearnError, LearnReport, PolicyReport, RoundStats, run};
