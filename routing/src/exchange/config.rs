@@ -147,9 +147,9 @@ pub struct ExchangeConfig {
     /// that one serves it. `None` (the default): one hub merges the whole cohort, up to
     /// [`ExchangeConfig::max_pushers`]; the node's wire does not carry the tree's answers yet.
     pub fanout: Option<usize>,
-    /// Exchange rounds in a row after which a node that merged with fewer than two others
-    /// (its own hub that took fewer than two pushes, or a member that applied its own update)
-    /// is *stranded*: its searches learn the 4 nearest peers they find even below the cosine
+    /// Exchange rounds in a row after which a node that merged with fewer than two others (its
+    /// own hub that took fewer than two pushes, or a member that applied its own update) is
+    /// *stranded*: its searches learn the 4 nearest peers they find even below the cosine
     /// gate, and it takes the model of a hub its data accepts even when far from its own.
     /// Default 3; 0 turns it off.
     ///

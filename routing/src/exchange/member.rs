@@ -13,8 +13,8 @@ use crate::is_hub_candidate;
 const STRANDED_LEARNS: usize = 4;
 
 impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
-    /// Whether the node merged with fewer than two others for
-    /// [`super::ExchangeConfig::stranded_after`] exchange rounds in a row.
+    /// Whether the node took fewer than two pushes as its own hub, or applied its own update as
+    /// a member, for [`super::ExchangeConfig::stranded_after`] exchange rounds in a row.
     fn is_stranded(&self) -> bool {
         self.config.stranded_after > 0 && self.stranded >= self.config.stranded_after
     }

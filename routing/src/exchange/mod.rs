@@ -31,8 +31,9 @@
 //!    view is small after its first search (a small task, or a fragment of one) it looks up
 //!    [`ExchangeConfig::probes`] multi-probe keys too, and [`ExchangeConfig::search_probes`]
 //!    in every search after the warm-up. It learns the headers the cosine gate
-//!    admits and the hubs they name ([`Cohort::learn`]); a *stranded* node, one that merged
-//!    with fewer than two others for [`ExchangeConfig::stranded_after`] rounds in a row,
+//!    admits and the hubs they name ([`Cohort::learn`]); a *stranded* node, one that took
+//!    fewer than two pushes as its own hub or applied its own update as a member for
+//!    [`ExchangeConfig::stranded_after`] rounds in a row,
 //!    learns the nearest few below the gate as well, and takes the model of a hub its data
 //!    accepts even when it is far from its own (step 2).
 //! 2. **Join and push.** Its hub is the lowest rank it knows ([`Cohort::hub`]). Views need not
@@ -255,9 +256,8 @@ pub struct Exchange<P, M> {
     /// and nobody pushed to it ([`ExchangeConfig::idle_rounds`]). Not persisted: a restart
     /// costs that many rounds.
     idle: u32,
-    /// Exchange rounds in a row the node merged with fewer than two others: its own hub that
-    /// took fewer than two pushes, or a member that applied its own update
-    /// ([`ExchangeConfig::stranded_after`]). Not persisted.
+    /// Exchange rounds in a row the node was its own hub and took fewer than two pushes, or a
+    /// member that applied its own update ([`ExchangeConfig::stranded_after`]). Not persisted.
     stranded: u32,
     /// It searches again next round, as its own hub: its last search taught its view new
     /// peers (two trees of one task that missed each other then meet within the key window
@@ -930,7 +930,7 @@ impl<P: Clone + Ord + std::fmt::Debug, M: Clone> Exchange<P, M> {
             self.catch_up_until = None;
         }
         let merged_with_others = match role {
-            // A pair that found each other and nobody else is stranded too.
+            // The hub of a pair that found each other and nobody else is stranded too.
             Role::Hub => r.held >= 2,
             Role::Member => matches!(apply, Apply::Merge { .. } | Apply::Adopt(_)),
             Role::Local => true,

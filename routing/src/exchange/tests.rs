@@ -818,45 +818,7 @@ fn a_new_rank_window_can_move_the_hub() {
 /// A hub that served a merge of its members `members` in round 0.
 fn hub_that_served(members: &[(u32, u64)]) -> Node {
     let mut node = Node::new(1, 10, config());
-    node.handle(
-        Millis(0),
-        Input::RoundStart {
-            round: 0,
-            deadline: Millis(1_000),
-        },
-    );
-    for &(from, rank) in members {
-        push(&mut node, Millis(1), (from, rank), "p", 0.99);
-    }
-    node.handle(
-        Millis(2),
-        Input::PacketReady {
-            round: 0,
-            packet: "p1",
-        },
-    );
-    node.handle(
-        Millis(3),
-        Input::SearchDone {
-            round: 0,
-            headers: Vec::new(),
-        },
-    );
-    node.handle_timeout(Millis(600));
-    let Some(ticket) = drain(&mut node).iter().find_map(|o| match o {
-        Output::Merge { ticket, .. } => Some(*ticket),
-        _ => None,
-    }) else {
-        panic!("the hub merges");
-    };
-    node.handle(
-        Millis(650),
-        Input::MergeComputed {
-            ticket,
-            merge: Some("merge"),
-        },
-    );
-    let report = finished(&drain(&mut node)).unwrap();
+    let report = hub_round(&mut node, 0, members);
     assert_eq!(report.role, Role::Hub);
     node
 }

@@ -534,8 +534,9 @@ pub struct Faults {
 /// Why: in a tree a task's updates are distilled at each level, members' packets, then a
 /// sub-hub's merge of them, then the root's, and each level drops entries (error feedback
 /// sends them late). `kindred-sim learn --nodes 1000 --rounds 30 --setting label --fanout 64`,
-/// seeds 1-3: 0.48 ± 0.12 point under the oracle at 10% against 0.58 ± 0.13 at 6.7%, for
-/// 6-7% more bytes (BENCHMARKS.md, bounded hubs). Sub-hubs' merges at the members' density
+/// seeds 1-3: 0.48 ± 0.12 point under the oracle at 10% against 0.58 ± 0.13 at 6.7% (with
+/// the first form of `ExchangeConfig::stranded_after`), for 6-7% more bytes (BENCHMARKS.md,
+/// bounded hubs). Sub-hubs' merges at the members' density
 /// times the updates they hold gained 0.04 for 8% more bytes, dense ones nothing for 1.5x.
 pub const TREE_MERGE_DENSITY: f32 = 0.1;
 
